@@ -1,0 +1,32 @@
+# The two commands: `make demo` and `make test`. Each creates .venv and installs the project if needed.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test test-slow lint bench clean
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "dpopt needs Python >= 3.11, found " + sys.version' 
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ".[dev,notebooks]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/dpopt compare --workload allrange:256 --epsilon 1.0 --delta 1e-6
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow" -p no:cacheprovider
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m slow -p no:cacheprovider
+
+lint: $(STAMP)
+	$(BIN)/ruff check dpopt formulations tests benchmarks
+
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks.run_all
+
+clean:
+	rm -rf $(VENV) build *.egg-info
