@@ -1,0 +1,67 @@
+"""The one result shape every hand-written solver returns (modelled on scipy.optimize.OptimizeResult)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+# Status codes shared by all solvers.
+CONVERGED = "converged"
+MAX_ITER = "max_iter"
+TIME_LIMIT = "time_limit"
+STALLED = "stalled"
+FAILED = "failed"
+
+
+@dataclass
+class SolverResult:
+    """Outcome of a hand-written solver.
+
+    x: the primal solution (matrix or vector, solver-specific; documented by each solver).
+    fun: objective value at x.
+    status: one of CONVERGED, MAX_ITER, TIME_LIMIT, STALLED, FAILED.
+    message: human-readable reason for stopping.
+    nit: outer iterations; ninner: inner iterations (CG steps, projected-gradient steps), if any.
+    wall_seconds / cpu_seconds: time spent in the solver.
+    dual_bound: a certified lower bound on the optimum (None if the solver has no certificate).
+    gap: relative duality gap (fun - dual_bound) / |fun| when dual_bound is known.
+    extra: solver-specific diagnostics (history, residuals, ...).
+    """
+
+    x: Any
+    fun: float
+    status: str
+    message: str
+    nit: int
+    wall_seconds: float
+    cpu_seconds: float
+    ninner: int = 0
+    dual_bound: float | None = None
+    gap: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def success(self) -> bool:
+        """True only when the solver met its stopping rule (never at an iteration or time cap)."""
+        return self.status == CONVERGED
+
+    def summary(self) -> dict[str, Any]:
+        """Scalar fields as a flat dict (for DataFrames and JSON)."""
+        return {
+            "fun": float(self.fun),
+            "status": self.status,
+            "message": self.message,
+            "nit": int(self.nit),
+            "ninner": int(self.ninner),
+            "wall_seconds": float(self.wall_seconds),
+            "cpu_seconds": float(self.cpu_seconds),
+            "dual_bound": None if self.dual_bound is None else float(self.dual_bound),
+            "gap": None if self.gap is None else float(self.gap),
+        }
+
+
+def relative_gap(primal: float, dual: float) -> float:
+    """Relative duality gap (primal - dual) / max(|primal|, tiny)."""
+    return float((primal - dual) / max(abs(primal), np.finfo(float).tiny))

@@ -1,0 +1,1 @@
+"""Declarative CVXPY models of every strategy-selection problem in dpopt."""
