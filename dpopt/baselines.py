@@ -1,0 +1,108 @@
+"""Baseline strategies every comparison starts from (seed 003; seed 004 Table 2; seed 000 Section 6).
+
+identity (noise on data, NOD / M_D), the workload itself (noise on queries, NOQ / M_R, the Laplace
+mechanism), hierarchical with branching b (Hay et al. 2010), Haar wavelet (Privelet, Xiao et al. 2010),
+total; multi-dimensional versions by Kronecker products.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import scipy.sparse as sp
+
+from dpopt.strategy import Strategy
+from dpopt.validation import check_positive_int
+from dpopt.workloads import Workload, as_workload
+
+
+def identity_strategy(n: int) -> Strategy:
+    """A = I_n: measure every cell (noise on data; seed 000's NOD, seed 003's identity strategy)."""
+    n = check_positive_int(n, "n")
+    return Strategy(sp.identity(n, format="csr"), name="identity")
+
+
+def total_strategy(n: int) -> Strategy:
+    """A = 1^T: measure only the total (supports the Total workload and nothing richer)."""
+    n = check_positive_int(n, "n")
+    return Strategy(np.ones((1, n)), name="total")
+
+
+def workload_strategy(workload: Workload | np.ndarray) -> Strategy:
+    """A = W, B = I_m: noise on every query answer (seed 000's NOQ / Laplace mechanism)."""
+    w = as_workload(workload)
+    W = w.sparse()
+    return Strategy(W, B=np.eye(w.m), name="laplace")
+
+
+def _tree_splits(lo: int, hi: int, b: int) -> list[tuple[int, int]]:
+    """Split [lo, hi) into min(b, hi - lo) contiguous parts of near-equal size (larger parts first)."""
+    k = min(b, hi - lo)
+    sizes = np.full(k, (hi - lo) // k)
+    sizes[: (hi - lo) % k] += 1
+    edges = lo + np.concatenate([[0], np.cumsum(sizes)])
+    return [(int(edges[i]), int(edges[i + 1])) for i in range(k)]
+
+
+def hierarchical_strategy(n: int, branching: int = 2) -> Strategy:
+    """Hierarchical strategy H_b: one 0/1 row per node of a b-ary tree over the cells, root to leaves (seed 003).
+
+    For n not a power of b the tree splits each node into b near-equal parts, so every leaf is one cell and
+    the height is ceil(log_b n) + 1 levels.
+    """
+    n = check_positive_int(n, "n")
+    b = check_positive_int(branching, "branching")
+    if b < 2:
+        raise ValueError(f"branching must be at least 2, got {b}")
+    nodes: list[tuple[int, int]] = []
+    frontier = [(0, n)]
+    while frontier:
+        nodes.extend(frontier)
+        frontier = [c for lo, hi in frontier if hi - lo > 1 for c in _tree_splits(lo, hi, b)]
+    starts = np.array([lo for lo, _ in nodes])
+    lengths = np.array([hi - lo for lo, hi in nodes])
+    rows = np.repeat(np.arange(len(nodes)), lengths)
+    cols = np.repeat(starts, lengths) + (np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths))
+    A = sp.csr_matrix((np.ones(len(rows)), (rows, cols)), shape=(len(nodes), n))
+    return Strategy(A, name=f"hierarchical(b={b})")
+
+
+def wavelet_strategy(n: int) -> Strategy:
+    """Haar wavelet strategy (Privelet): the total plus, for every node of a binary tree, +1 on its left half and -1 on its right half.
+
+    Unnormalised +-1 entries, as in the matrix-mechanism papers (seed 003; seed 004 Table 2). For n not
+    a power of 2 the halves are near-equal, which keeps the n rows linearly independent.
+    """
+    n = check_positive_int(n, "n")
+    rows_i, cols_j, vals = [np.zeros(n, dtype=int)], [np.arange(n)], [np.ones(n)]
+    frontier = [(0, n)]
+    r = 1
+    while frontier:
+        nxt = []
+        for lo, hi in frontier:
+            if hi - lo < 2:
+                continue
+            mid = lo + (hi - lo + 1) // 2
+            rows_i.append(np.full(hi - lo, r))
+            cols_j.append(np.arange(lo, hi))
+            vals.append(np.where(np.arange(lo, hi) < mid, 1.0, -1.0))
+            r += 1
+            nxt += [(lo, mid), (mid, hi)]
+        frontier = nxt
+    A = sp.csr_matrix(
+        (np.concatenate(vals), (np.concatenate(rows_i), np.concatenate(cols_j))), shape=(r, n)
+    )
+    return Strategy(A, name="wavelet")
+
+
+def kron_strategy(factors: Sequence[Strategy], name: str | None = None) -> Strategy:
+    """A = A_1 (x) ... (x) A_d: sensitivities multiply across factors (seed 004, multi-dimensional ranges)."""
+    if not factors:
+        raise ValueError("kron_strategy needs at least one factor")
+    if any(f.B is not None for f in factors):
+        raise ValueError("kron_strategy combines matrix-mechanism strategies (no explicit B)")
+    A = sp.csr_matrix(factors[0].A)
+    for f in factors[1:]:
+        A = sp.kron(A, sp.csr_matrix(f.A), format="csr")
+    return Strategy(A, name=name or "kron(" + ",".join(f.name for f in factors) + ")")

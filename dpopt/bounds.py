@@ -1,0 +1,139 @@
+"""Lower and upper bounds on the optimal error (Li and Miklau, seed 004; Low-Rank Mechanism, seed 000).
+
+Unless a function says otherwise, bounds are per unit privacy constant: multiply by P(eps, delta) =
+`Privacy.variance_factor` (2 ln(2/delta)/eps^2 in the seeds' Gaussian convention, 2/eps^2 for Laplace).
+Functions accept a Workload or a matrix W; quantities depend on W only through W^T W.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+from scipy.special import gammaln
+
+from dpopt.workloads import Workload, _scaled, as_workload
+
+
+def _gram_eigenvalues(G: np.ndarray) -> np.ndarray:
+    """Eigenvalues of a symmetric PSD matrix, round-off negatives clipped to 0."""
+    d = np.linalg.eigvalsh((G + G.T) / 2)
+    return np.clip(d, 0.0, None)
+
+
+def svd_bound_from_gram(G: np.ndarray) -> float:
+    """SVDB = (1/n) (sum_i sqrt(d_i))^2 over the eigenvalues d_i of W^T W (seed 004 Prop. 4.3)."""
+    G = np.asarray(G, dtype=float)
+    if G.ndim != 2 or G.shape[0] != G.shape[1] or G.shape[0] == 0:
+        raise ValueError(f"Gram matrix must be square and non-empty, got shape {G.shape}")
+    if not np.all(np.isfinite(G)):
+        raise ValueError("Gram matrix has NaN or infinite entries")
+    d = _gram_eigenvalues(G)
+    return float(np.sqrt(d).sum() ** 2 / G.shape[0])
+
+
+def svd_bound(workload: Workload | np.ndarray) -> float:
+    """SVDB(W) = (1/n)(lambda_1 + ... + lambda_n)^2, lambda the singular values of W (seed 004 Def. 4.1).
+
+    Returns inf if the value exceeds float64 (AllPredicate(1024)); use `log10_svd_bound` then.
+    """
+    w = as_workload(workload)
+    return _scaled(svd_bound_from_gram(w.gram()), w.gram_log_scale)
+
+
+def log10_svd_bound(workload: Workload | np.ndarray) -> float:
+    """log10 SVDB(W), finite even where SVDB itself overflows float64."""
+    w = as_workload(workload)
+    return math.log10(svd_bound_from_gram(w.gram())) + w.gram_log_scale / math.log(10.0)
+
+
+def column_projection_gram(G: np.ndarray, cells: Sequence[int] | np.ndarray) -> np.ndarray:
+    """Gram of the column projection mu(W) onto `cells`: W^T W restricted to those rows/columns (seed 004 Def. 3.7)."""
+    idx = np.asarray(cells, dtype=int)
+    if idx.ndim != 1 or idx.size == 0:
+        raise ValueError("a column projection needs a non-empty 1-D list of cell indices")
+    if idx.min() < 0 or idx.max() >= G.shape[0]:
+        raise ValueError(f"cell indices must lie in 0..{G.shape[0] - 1}")
+    return G[np.ix_(idx, idx)]
+
+
+def range_projections(n: int, min_length: int = 1, stride: int = 1) -> Iterable[np.ndarray]:
+    """Column projections onto contiguous ranges [i, j] of cells with j - i + 1 >= min_length (seed 004 Ex. 4.9)."""
+    for i in range(0, n, stride):
+        for j in range(i + min_length - 1, n, stride):
+            yield np.arange(i, j + 1)
+
+
+def supreme_svd_bound(
+    workload: Workload | np.ndarray,
+    projections: Iterable[Sequence[int] | np.ndarray] | None = None,
+) -> tuple[float, np.ndarray]:
+    """SVDB_U(W) = max over projections mu in U of SVDB(mu(W)) (seed 004 Def. 4.5); returns (value, argmax).
+
+    `projections` defaults to all contiguous cell ranges (U of Example 4.9), O(n^2) eigenproblems: pass a
+    coarser family (range_projections with a stride) for large n. The full domain is always included.
+    """
+    w = as_workload(workload)
+    G = w.gram()
+    n = G.shape[0]
+    best_val = svd_bound_from_gram(G)
+    best = np.arange(n)
+    for cells in projections if projections is not None else range_projections(n):
+        val = svd_bound_from_gram(column_projection_gram(G, cells))
+        if val > best_val:
+            best_val, best = val, np.asarray(cells, dtype=int)
+    return _scaled(best_val, w.gram_log_scale), best
+
+
+def sqrt_gram(G: np.ndarray) -> np.ndarray:
+    """The PSD square root (W^T W)^{1/2}."""
+    lam, V = np.linalg.eigh((G + G.T) / 2)
+    return (V * np.sqrt(np.clip(lam, 0.0, None))) @ V.T
+
+
+def thm56_upper_bound(workload: Workload | np.ndarray) -> float:
+    """MINERROR(W) <= n d_0 SVDB(W) / trace(sqrt(W^T W)), d_0 = max diag sqrt(W^T W) (seed 004 Thm. 5.6)."""
+    w = as_workload(workload)
+    G = w.gram()
+    S = sqrt_gram(G)
+    n = G.shape[0]
+    val = n * float(np.max(np.diag(S))) * svd_bound_from_gram(G) / float(np.trace(S))
+    return _scaled(val, w.gram_log_scale)
+
+
+def svdb_strategy_gram(G: np.ndarray) -> np.ndarray:
+    """X = sqrt(W^T W) rescaled to max diagonal 1: the strategy behind Thm. 5.6 (seed 004 Sec. 4.2)."""
+    S = sqrt_gram(G)
+    return S / float(np.max(np.diag(S)))
+
+
+def lrm_upper_bound_lemma3(workload: Workload | np.ndarray, epsilon: float) -> float:
+    """LRM Lemma 3 (seed 000): error of B = sqrt(r) U Sigma, L = V^T / sqrt(r) is <= 2 r sum sigma_k^2 / eps^2.
+
+    The paper prints sum lambda_k^2 r / eps^2; the factor 2 is the Laplace variance 2 b^2 that its
+    Theorem 3 and Lemma 1 include, kept here so the bound compares with dpopt's error convention.
+    """
+    if not epsilon > 0:
+        raise ValueError(f"epsilon must be > 0, got {epsilon}")
+    w = as_workload(workload)
+    d = _gram_eigenvalues(w.gram())
+    r = int(np.count_nonzero(d > 1e-10 * d.max()))
+    return _scaled(2.0 * r * float(d.sum()) / epsilon**2, w.gram_log_scale)
+
+
+def lrm_lower_bound_lemma4(workload: Workload | np.ndarray, epsilon: float) -> float:
+    """LRM Lemma 4 (seed 000): (2^r / r! prod_k sigma_k)^(2/r) r^3 / eps^2, the quantity inside Omega(.).
+
+    Hardt and Talwar's bound holds up to an unspecified constant, so this is an order of magnitude, not a
+    certified lower bound; dpopt never uses it as `bound`. Computed in log space.
+    """
+    if not epsilon > 0:
+        raise ValueError(f"epsilon must be > 0, got {epsilon}")
+    w = as_workload(workload)
+    d = _gram_eigenvalues(w.gram())
+    d = d[d > 1e-10 * d.max()]
+    r = d.size
+    log_sigma_sum = 0.5 * float(np.log(d).sum()) + 0.5 * r * w.gram_log_scale
+    log_val = (2.0 / r) * (r * math.log(2.0) - float(gammaln(r + 1)) + log_sigma_sum)
+    return math.exp(log_val) * r**3 / epsilon**2

@@ -1,0 +1,168 @@
+"""Expected error of a strategy on a workload, exactly and by Monte Carlo (seed 004 Prop. 3.3; seed 000 Thm. 3).
+
+Conventions (every report carries them):
+- total: expected total squared error of the noise, E ||B z||^2 = var * sens^2 * ||B||_F^2 with
+  B = W A^+ for matrix-mechanism strategies, where ||W A^+||_F^2 = trace(W^T W (A^T A)^+);
+- per_query: the variance of each query's answer (None when the workload has no listable rows);
+- rmse: sqrt(total / m);
+- bias_sq: for relaxed strategies (W != B A), the data-dependent term ||(W - B A) x||^2 (LRM Theorem 3),
+  reported separately and only when x is given.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import pandas as pd
+import scipy.sparse as sp
+
+from dpopt.privacy import Privacy
+from dpopt.strategy import Strategy
+from dpopt.validation import check_finite_vector
+from dpopt.workloads import Workload, _scaled, as_workload
+
+
+@dataclass
+class ErrorReport:
+    """Expected error of one strategy on one workload under one privacy setting."""
+
+    strategy: str
+    workload: str
+    total: float
+    rmse: float
+    m: int
+    sensitivity: float
+    sensitivity_norm: int
+    noise: str
+    convention: str
+    per_query: np.ndarray | None = None
+    bias_sq: float | None = None
+    log10_total: float | None = None
+
+    def as_dict(self) -> dict[str, object]:
+        """Scalar fields only (per-query variances dropped), for tables and JSON."""
+        d = asdict(self)
+        d.pop("per_query")
+        return d
+
+
+def _dense_A(strategy: Strategy) -> np.ndarray:
+    A = strategy.A
+    return A.toarray() if sp.issparse(A) else A
+
+
+def unit_error(strategy: Strategy, workload: Workload) -> float:
+    """||B||_F^2 with B = W A^+ (via trace(G X^+), unscaled Gram) or the given B: error per unit noise variance."""
+    if strategy.B is not None:
+        return float(np.sum(strategy.B**2))
+    G = workload.gram()
+    return float(np.einsum("ij,ji->", G, strategy.gram_pinv()))
+
+
+def expected_error(
+    strategy: Strategy,
+    workload: Workload | np.ndarray,
+    privacy: Privacy,
+    x: np.ndarray | None = None,
+    rtol: float = 1e-8,
+) -> ErrorReport:
+    """Exact expected squared error of answering `workload` through `strategy` (seed 004 Prop. 3.3)."""
+    workload = as_workload(workload)
+    if not isinstance(privacy, Privacy):
+        raise ValueError(f"privacy must be a dpopt.privacy.Privacy, got {type(privacy).__name__}")
+    strategy.check_supports(workload, rtol)
+    sens = strategy.sensitivity(privacy.norm)
+    var = privacy.variance_factor * sens**2
+    unit = unit_error(strategy, workload)
+    log10_total = (
+        math.log10(var * unit) + workload.gram_log_scale / math.log(10) if unit > 0 else -math.inf
+    )
+    total = _scaled(var * unit, workload.gram_log_scale if strategy.B is None else 0.0)
+    m = workload.m
+    per_query = None
+    if strategy.B is not None:
+        per_query = var * np.sum(strategy.B**2, axis=1)
+    elif workload.has_rows:
+        W = workload.sparse()
+        WXp = np.asarray(W @ strategy.gram_pinv())
+        per_query = var * np.asarray(W.multiply(WXp).sum(axis=1)).ravel()
+    bias_sq = None
+    if x is not None:
+        x = check_finite_vector(x, "data vector x", workload.n)
+        if strategy.B is not None:
+            r = workload.matrix() @ x - strategy.B @ (_dense_A(strategy) @ x)
+            bias_sq = float(r @ r)
+        else:
+            bias_sq = 0.0
+    return ErrorReport(
+        strategy=strategy.name,
+        workload=workload.name,
+        total=total,
+        rmse=math.sqrt(total / m) if math.isfinite(total) else math.inf,
+        m=m if isinstance(m, int) else int(m),
+        sensitivity=sens,
+        sensitivity_norm=privacy.norm,
+        noise=privacy.noise,
+        convention=privacy.convention,
+        per_query=per_query,
+        bias_sq=bias_sq,
+        log10_total=log10_total,
+    )
+
+
+def noisy_answers(
+    strategy: Strategy,
+    workload: Workload,
+    privacy: Privacy,
+    x: np.ndarray,
+    rng: np.random.Generator,
+    trials: int = 1,
+) -> np.ndarray:
+    """Research-mode answers B (A x + z), z ~ Laplace/Gaussian from `rng`; shape (trials, m)."""
+    A = _dense_A(strategy)
+    B = strategy.reconstruct(workload)
+    sens = strategy.sensitivity(privacy.norm)
+    z = privacy.sample_noise(sens, trials * A.shape[0], rng).reshape(trials, A.shape[0])
+    return (A @ x + z) @ B.T
+
+
+def monte_carlo_error(
+    strategy: Strategy,
+    workload: Workload | np.ndarray,
+    privacy: Privacy,
+    x: np.ndarray,
+    rng: np.random.Generator,
+    trials: int = 2000,
+    batch: int = 200,
+) -> pd.DataFrame:
+    """Monte Carlo estimate of the total squared error (noise + bias) with its standard error.
+
+    Returns a one-row DataFrame: trials, total_mean, total_se, rmse, per_query_mean_max_abs_dev.
+    """
+    workload = as_workload(workload)
+    strategy.check_supports(workload)
+    x = check_finite_vector(x, "data vector x", workload.n)
+    if trials < 2:
+        raise ValueError(f"trials must be at least 2, got {trials}")
+    truth = workload.matrix() @ x
+    totals = []
+    sq_sum = np.zeros(workload.m)
+    done = 0
+    while done < trials:
+        k = min(batch, trials - done)
+        err = noisy_answers(strategy, workload, privacy, x, rng, k) - truth
+        totals.append(np.sum(err**2, axis=1))
+        sq_sum += np.sum(err**2, axis=0)
+        done += k
+    t = np.concatenate(totals)
+    return pd.DataFrame(
+        {
+            "trials": [trials],
+            "total_mean": [float(t.mean())],
+            "total_se": [float(t.std(ddof=1) / math.sqrt(trials))],
+            "rmse": [float(math.sqrt(t.mean() / workload.m))],
+        }
+    ).assign(per_query_mean=[sq_sum / trials])
+

@@ -1,0 +1,130 @@
+"""Privacy parameters and noise calibration (research mode; release-mode samplers live in dpopt.release).
+
+- delta = 0: eps-DP, Laplace noise with scale b = sens1 / eps on every measurement; variance 2 b^2.
+- delta > 0: (eps, delta)-DP, Gaussian noise with standard deviation sigma = sens2 * c(eps, delta).
+  "classic" (the seeds' convention, Li and Miklau Prop. 3.1): c = sqrt(2 ln(2/delta)) / eps, so
+  P(eps, delta) = c^2 = 2 ln(2/delta) / eps^2. Its privacy proof assumes eps <= 1.
+  "analytic" (Balle and Wang, ICML 2018, Thm. 8): the smallest sigma with
+  Phi(D/(2 s) - eps s / D) - e^eps Phi(-D/(2 s) - eps s / D) <= delta, valid for every eps > 0 and never
+  larger than the classic sigma for eps <= 1.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+from scipy.special import log_ndtr
+
+CALIBRATIONS = ("classic", "analytic")
+
+
+@dataclass(frozen=True)
+class Privacy:
+    """Privacy budget (epsilon, delta) with the Gaussian calibration to use when delta > 0."""
+
+    epsilon: float
+    delta: float = 0.0
+    calibration: str = "classic"
+
+    def __post_init__(self) -> None:
+        eps, delta = self.epsilon, self.delta
+        if isinstance(eps, bool) or not isinstance(eps, (int, float, np.floating, np.integer)):
+            raise ValueError(f"epsilon must be a number, got {eps!r}")
+        if not math.isfinite(eps) or eps <= 0:
+            raise ValueError(f"epsilon must be a finite number > 0, got {eps}")
+        if isinstance(delta, bool) or not isinstance(delta, (int, float, np.floating, np.integer)):
+            raise ValueError(f"delta must be a number, got {delta!r}")
+        if not math.isfinite(delta) or not 0.0 <= delta < 1.0:
+            raise ValueError(f"delta must lie in [0, 1), got {delta}")
+        if self.calibration not in CALIBRATIONS:
+            raise ValueError(f"calibration must be one of {CALIBRATIONS}, got {self.calibration!r}")
+        object.__setattr__(self, "epsilon", float(eps))
+        object.__setattr__(self, "delta", float(delta))
+
+    @property
+    def is_pure(self) -> bool:
+        """True for eps-DP (delta = 0)."""
+        return self.delta == 0.0
+
+    @property
+    def noise(self) -> str:
+        """'laplace' for eps-DP, 'gaussian' for (eps, delta)-DP."""
+        return "laplace" if self.is_pure else "gaussian"
+
+    @property
+    def norm(self) -> int:
+        """Which sensitivity applies: 1 (L1) for Laplace, 2 (L2) for Gaussian."""
+        return 1 if self.is_pure else 2
+
+    @property
+    def convention(self) -> str:
+        """The calibration in words, for every reported number."""
+        if self.is_pure:
+            return "laplace: b = sens1/eps, variance 2 b^2"
+        if self.calibration == "classic":
+            return "gaussian-classic: sigma = sens2 sqrt(2 ln(2/delta))/eps"
+        return "gaussian-analytic (Balle-Wang 2018)"
+
+    @cached_property
+    def variance_factor(self) -> float:
+        """Noise variance per measurement for unit sensitivity: 2/eps^2 (Laplace) or c^2 (Gaussian)."""
+        if self.is_pure:
+            return 2.0 / self.epsilon**2
+        return self.sigma_factor**2
+
+    @cached_property
+    def sigma_factor(self) -> float:
+        """Gaussian standard deviation for unit L2 sensitivity."""
+        if self.is_pure:
+            raise ValueError("sigma_factor is defined for Gaussian noise only (delta > 0)")
+        if self.calibration == "classic":
+            return math.sqrt(2.0 * math.log(2.0 / self.delta)) / self.epsilon
+        return analytic_gaussian_sigma(self.epsilon, self.delta, 1.0)
+
+    def noise_scale(self, sensitivity: float) -> float:
+        """Laplace scale b = sens1/eps, or Gaussian sigma = sens2 * sigma_factor."""
+        if not math.isfinite(sensitivity) or sensitivity < 0:
+            raise ValueError(f"sensitivity must be finite and >= 0, got {sensitivity}")
+        if self.is_pure:
+            return sensitivity / self.epsilon
+        return sensitivity * self.sigma_factor
+
+    def sample_noise(self, sensitivity: float, size: int, rng: np.random.Generator) -> np.ndarray:
+        """Research-mode noise (numpy Generator; not for releases): Laplace or Gaussian, `size` draws."""
+        if not isinstance(rng, np.random.Generator):
+            raise ValueError("rng must be a numpy.random.Generator (research mode)")
+        scale = self.noise_scale(sensitivity)
+        if self.is_pure:
+            return rng.laplace(0.0, scale, size=size)
+        return rng.normal(0.0, scale, size=size)
+
+
+def _analytic_delta(sigma: float, eps: float, sens: float) -> float:
+    """delta achieved by Gaussian noise sigma at eps (Balle and Wang 2018, Thm. 8), in log space."""
+    a = sens / (2 * sigma) - eps * sigma / sens
+    b = -sens / (2 * sigma) - eps * sigma / sens
+    la, lb = log_ndtr(a), eps + log_ndtr(b)
+    if lb >= la:
+        return 0.0
+    return float(math.exp(la) * -math.expm1(lb - la))
+
+
+def analytic_gaussian_sigma(eps: float, delta: float, sens: float = 1.0, rtol: float = 1e-12) -> float:
+    """Smallest sigma for which Gaussian noise is (eps, delta)-DP (Balle and Wang 2018), by bisection."""
+    if eps <= 0 or not 0 < delta < 1 or sens <= 0:
+        raise ValueError(f"need eps > 0, 0 < delta < 1, sens > 0; got {eps}, {delta}, {sens}")
+    lo, hi = 1e-6 * sens, sens
+    while _analytic_delta(hi, eps, sens) > delta:
+        hi *= 2.0
+    while _analytic_delta(lo, eps, sens) <= delta:
+        lo /= 2.0
+    while hi - lo > rtol * hi:
+        mid = 0.5 * (lo + hi)
+        if _analytic_delta(mid, eps, sens) > delta:
+            lo = mid
+        else:
+            hi = mid
+    return hi

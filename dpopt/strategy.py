@@ -1,0 +1,213 @@
+"""Strategy: measured queries A (r x n) and reconstruction B (m x r), W = B A (seed 003; seed 004 Prop. 3.1).
+
+Two kinds:
+- matrix-mechanism strategies hold only A; the reconstruction is least squares, B = W A^+, and every
+  quantity the error needs depends on W only through W^T W;
+- factorisation strategies (LRM, OM) also hold B, and W = B A holds exactly or within gamma (relaxed LRM).
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+
+import numpy as np
+import scipy.linalg as sla
+import scipy.sparse as sp
+
+from dpopt.validation import check_finite_matrix
+from dpopt.workloads import Workload, as_workload
+
+# Relative tolerance below which an eigenvalue of A^T A counts as zero (rank decisions).
+RANK_RTOL = 1e-10
+
+
+class StrategyError(ValueError):
+    """A strategy cannot answer a workload (it does not support it, or shapes disagree)."""
+
+
+class Strategy:
+    """Measured queries A (r x n, dense or sparse) and optionally a reconstruction B (m x r)."""
+
+    def __init__(
+        self,
+        A: np.ndarray | sp.spmatrix,
+        B: np.ndarray | None = None,
+        name: str = "strategy",
+        gamma: float = 0.0,
+    ) -> None:
+        if sp.issparse(A):
+            A = sp.csr_matrix(A, dtype=float)
+            if A.shape[0] == 0 or A.shape[1] == 0:
+                raise ValueError(f"strategy A must have at least one row and one column, got {A.shape}")
+            if A.nnz and not np.all(np.isfinite(A.data)):
+                raise ValueError("strategy A has NaN or infinite entries; expected only finite numbers")
+            self.A: np.ndarray | sp.csr_matrix = A
+        else:
+            self.A = check_finite_matrix(A, "strategy A")
+        if B is not None:
+            B = check_finite_matrix(B, "reconstruction B")
+            if B.shape[1] != self.A.shape[0]:
+                raise ValueError(
+                    f"reconstruction B has {B.shape[1]} columns but A has {self.A.shape[0]} rows; "
+                    "expected B (m x r) with A (r x n)"
+                )
+        if gamma < 0 or not np.isfinite(gamma):
+            raise ValueError(f"gamma must be a finite non-negative number, got {gamma}")
+        self.B = B
+        self.name = name
+        self.gamma = float(gamma)
+        if self._column_sq_norms().max() == 0.0:
+            raise ValueError("strategy A is all zeros; it measures nothing")
+
+    # -- shape and sensitivity -------------------------------------------------------------------
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(r, n): number of measured queries and number of cells."""
+        return (int(self.A.shape[0]), int(self.A.shape[1]))
+
+    def _column_sq_norms(self) -> np.ndarray:
+        if sp.issparse(self.A):
+            return np.asarray(self.A.multiply(self.A).sum(axis=0)).ravel()
+        return np.einsum("ij,ij->j", self.A, self.A)
+
+    @cached_property
+    def sens1(self) -> float:
+        """L1 sensitivity: the largest column L1 norm of A (eps-DP, Laplace noise)."""
+        col = abs(self.A).sum(axis=0)
+        return float(np.asarray(col).max())
+
+    @cached_property
+    def sens2(self) -> float:
+        """L2 sensitivity: the largest column L2 norm of A ((eps, delta)-DP, Gaussian noise)."""
+        return float(np.sqrt(self._column_sq_norms().max()))
+
+    def sensitivity(self, norm: int) -> float:
+        """sens1 for norm=1, sens2 for norm=2."""
+        if norm == 1:
+            return self.sens1
+        if norm == 2:
+            return self.sens2
+        raise ValueError(f"norm must be 1 or 2, got {norm}")
+
+    @cached_property
+    def gram(self) -> np.ndarray:
+        """X = A^T A (n x n, dense)."""
+        if sp.issparse(self.A):
+            return np.asarray((self.A.T @ self.A).todense(), dtype=float)
+        return self.A.T @ self.A
+
+    @cached_property
+    def _gram_eig(self) -> tuple[np.ndarray, np.ndarray]:
+        """Eigenvalues (clipped at their rank cut to 0) and eigenvectors of X = A^T A."""
+        lam, V = np.linalg.eigh(self.gram)
+        cut = RANK_RTOL * max(float(lam.max()), np.finfo(float).tiny)
+        lam = np.where(lam > cut, lam, 0.0)
+        return lam, V
+
+    @property
+    def rank(self) -> int:
+        """Rank of A."""
+        return int(np.count_nonzero(self._gram_eig[0]))
+
+    # -- construction ----------------------------------------------------------------------------
+    @classmethod
+    def from_gram(cls, X: np.ndarray, name: str = "strategy") -> Strategy:
+        """A with A^T A = X: upper Cholesky factor, or the PSD square root if X is singular."""
+        X = check_finite_matrix(X, "strategy Gram X")
+        if X.shape[0] != X.shape[1]:
+            raise ValueError(f"strategy Gram X must be square, got shape {X.shape}")
+        X = (X + X.T) / 2
+        try:
+            A = sla.cholesky(X, lower=False)
+        except sla.LinAlgError:
+            lam, V = np.linalg.eigh(X)
+            if lam.min() < -1e-8 * max(1.0, lam.max()):
+                raise ValueError(
+                    f"strategy Gram X must be positive semidefinite; smallest eigenvalue {lam.min():.3g}"
+                ) from None
+            keep = lam > RANK_RTOL * lam.max()
+            A = np.sqrt(lam[keep])[:, None] * V[:, keep].T
+        return cls(A, name=name)
+
+    # -- relation to a workload ------------------------------------------------------------------
+    def _check_cells(self, workload: Workload) -> None:
+        if workload.n != self.shape[1]:
+            raise StrategyError(
+                f"strategy {self.name} covers {self.shape[1]} cells but workload {workload.name} has "
+                f"{workload.n}; expected the same domain"
+            )
+
+    def pinv(self) -> np.ndarray:
+        """A^+ (n x r) through the eigendecomposition of A^T A: A^+ = X^+ A^T."""
+        lam, V = self._gram_eig
+        inv = np.divide(1.0, lam, out=np.zeros_like(lam), where=lam > 0)
+        Xp = (V * inv) @ V.T
+        return np.asarray((self.A.T @ Xp.T).T if sp.issparse(self.A) else Xp @ self.A.T)
+
+    def gram_pinv(self) -> np.ndarray:
+        """X^+ = (A^T A)^+ (n x n)."""
+        lam, V = self._gram_eig
+        inv = np.divide(1.0, lam, out=np.zeros_like(lam), where=lam > 0)
+        return (V * inv) @ V.T
+
+    def reconstruct(self, workload: Workload | np.ndarray) -> np.ndarray:
+        """The reconstruction matrix: the given B, or the least-squares B = W A^+ (m x r)."""
+        workload = as_workload(workload)
+        self._check_cells(workload)
+        if self.B is not None:
+            if self.B.shape[0] != workload.m:
+                raise StrategyError(
+                    f"reconstruction B has {self.B.shape[0]} rows but workload {workload.name} has "
+                    f"{workload.m} queries"
+                )
+            return self.B
+        W = workload.matrix()
+        return W @ self.pinv()
+
+    def unsupported_fraction(self, workload: Workload | np.ndarray) -> float:
+        """Relative residual ||W - B A||_F / ||W||_F (least-squares B via W^T W when B is not given)."""
+        workload = as_workload(workload)
+        self._check_cells(workload)
+        G = workload.gram()
+        trG = float(np.trace(G))
+        if trG == 0.0:
+            raise StrategyError(f"workload {workload.name} is all zeros")
+        if self.B is None:
+            lam, V = self._gram_eig
+            Vr = V[:, lam > 0]
+            # ||W (I - P)||_F^2 = trace(G) - trace(Vr^T G Vr), with P the projector onto row(A).
+            res2 = trG - float(np.einsum("ij,ij->", Vr, G @ Vr))
+        else:
+            W = workload.matrix()
+            R = W - self.B @ (self.A.toarray() if sp.issparse(self.A) else self.A)
+            res2 = float(np.sum(R * R))
+        return float(np.sqrt(max(res2, 0.0) / trG))
+
+    def residual(self, workload: Workload | np.ndarray) -> float:
+        """||W - B A||_F in absolute terms."""
+        workload = as_workload(workload)
+        return self.unsupported_fraction(workload) * float(np.sqrt(np.trace(workload.gram())))
+
+    def supports(self, workload: Workload | np.ndarray, rtol: float = 1e-8) -> bool:
+        """True when W A^+ A = W (or W = B A) within relative Frobenius tolerance rtol (or gamma)."""
+        workload = as_workload(workload)
+        if self.gamma > 0 and self.B is not None:
+            return self.residual(workload) <= self.gamma * (1 + rtol)
+        return self.unsupported_fraction(workload) <= rtol
+
+    def check_supports(self, workload: Workload | np.ndarray, rtol: float = 1e-8) -> None:
+        """Raise StrategyError unless the strategy supports the workload (see `supports`)."""
+        workload = as_workload(workload)
+        if not self.supports(workload, rtol):
+            frac = self.unsupported_fraction(workload)
+            limit = f"gamma = {self.gamma:g}" if self.gamma > 0 else f"relative tolerance {rtol:g}"
+            raise StrategyError(
+                f"strategy {self.name} does not support workload {workload.name}: relative residual "
+                f"||W - B A||_F / ||W||_F = {frac:.3g} exceeds {limit}; some queries lie outside the "
+                "row space of the strategy"
+            )
+
+    def __repr__(self) -> str:
+        r, n = self.shape
+        kind = "factorisation" if self.B is not None else "matrix"
+        return f"<Strategy {self.name} ({kind}): {r} x {n}, sens1={self.sens1:.4g}, sens2={self.sens2:.4g}>"

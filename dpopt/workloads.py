@@ -1,0 +1,614 @@
+"""Workloads: batches of linear counting queries W (m x n) over a data vector of n cells.
+
+A workload always knows its shape, its name and its Gram matrix W^T W. Where the rows are too many to
+list (AllPredicate has 2^n rows, AllRange(4096) has 8.4 million), the Gram matrix is given in closed form
+and `matrix()` refuses with a clear error instead of exhausting memory. Everything the matrix mechanism
+needs (error, SVD bound, the convex optimum) depends on W only through W^T W.
+
+Scale: AllPredicate(1024)'s Gram entries are about 2^1022, so a workload may carry `gram_log_scale`
+(natural log of a positive factor c with W^T W = c * gram()). Scale-free quantities (error ratios, optimal
+strategies) use `gram()` directly; absolute numbers are multiplied by c at the end.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from itertools import combinations
+
+import numpy as np
+import scipy.sparse as sp
+
+from dpopt.validation import as_generator, check_finite_matrix, check_positive_int
+
+# Dense matrices larger than this many entries are refused (8 bytes each: 2 GB).
+MAX_DENSE_ENTRIES = 250_000_000
+
+
+class WorkloadTooLargeError(ValueError):
+    """Raised when a workload's rows cannot be materialised within the memory limit."""
+
+
+class Workload(ABC):
+    """A batch of m linear queries over n cells; subclasses give rows and/or a closed-form Gram."""
+
+    name: str = "workload"
+    gram_log_scale: float = 0.0
+
+    @property
+    @abstractmethod
+    def shape(self) -> tuple[int, int]:
+        """(m, n): number of queries and number of cells (m may exceed any machine integer)."""
+
+    @property
+    def n(self) -> int:
+        """Number of cells of the data vector."""
+        return self.shape[1]
+
+    @property
+    def m(self) -> int:
+        """Number of queries."""
+        return self.shape[0]
+
+    @property
+    def has_rows(self) -> bool:
+        """True when the rows can be materialised (dense or sparse) within MAX_DENSE_ENTRIES."""
+        m, n = self.shape
+        return m * n <= MAX_DENSE_ENTRIES and self.gram_log_scale == 0.0
+
+    def sparse(self) -> sp.csr_matrix:
+        """W as a scipy CSR matrix (m x n)."""
+        return sp.csr_matrix(self.matrix())
+
+    def matrix(self) -> np.ndarray:
+        """W as a dense float array (m x n); raises WorkloadTooLargeError when that is infeasible."""
+        self._check_materialisable()
+        return np.asarray(self.sparse().todense(), dtype=float)
+
+    def gram(self) -> np.ndarray:
+        """W^T W / exp(gram_log_scale) as a dense symmetric array (n x n)."""
+        S = self.sparse()
+        return np.asarray((S.T @ S).todense(), dtype=float)
+
+    def row_labels(self) -> list[str]:
+        """Human-readable label of every query (default q0, q1, ...)."""
+        self._check_materialisable()
+        return [f"q{i}" for i in range(self.m)]
+
+    def frobenius_sq(self) -> float:
+        """||W||_F^2 = trace(W^T W) (inf if it overflows float64)."""
+        return _scaled(float(np.trace(self.gram())), self.gram_log_scale)
+
+    def _check_materialisable(self) -> None:
+        m, n = self.shape
+        if not self.has_rows:
+            raise WorkloadTooLargeError(
+                f"workload {self.name} has {m} x {n} entries; its rows cannot be materialised "
+                f"(limit {MAX_DENSE_ENTRIES} entries); use its Gram matrix instead"
+            )
+
+    def __repr__(self) -> str:
+        m, n = self.shape
+        return f"<{type(self).__name__} {self.name}: {m} queries x {n} cells>"
+
+
+def _scaled(value: float, log_scale: float) -> float:
+    """value * exp(log_scale), returning inf instead of raising on overflow."""
+    if log_scale == 0.0:
+        return value
+    if value == 0.0:
+        return 0.0
+    log_v = math.log(abs(value)) + log_scale
+    return math.copysign(math.exp(log_v) if log_v < 709.0 else math.inf, value)
+
+
+class ExplicitWorkload(Workload):
+    """A workload given by its matrix (dense ndarray or scipy sparse), with optional row labels."""
+
+    def __init__(
+        self,
+        W: np.ndarray | sp.spmatrix,
+        name: str = "explicit",
+        row_labels: Sequence[str] | None = None,
+        domain: object | None = None,
+    ) -> None:
+        if sp.issparse(W):
+            W = sp.csr_matrix(W, dtype=float)
+            check_finite_matrix(W.data.reshape(1, -1) if W.nnz else np.zeros((1, 1)), "workload")
+            if W.shape[0] == 0 or W.shape[1] == 0:
+                raise ValueError(f"workload must have at least one query and one cell, got shape {W.shape}")
+            self._W: np.ndarray | sp.csr_matrix = W
+        else:
+            self._W = check_finite_matrix(W, "workload")
+        if row_labels is not None and len(row_labels) != self._W.shape[0]:
+            raise ValueError(
+                f"row_labels has {len(row_labels)} entries but the workload has {self._W.shape[0]} rows"
+            )
+        self._labels = list(row_labels) if row_labels is not None else None
+        self.name = name
+        self.domain = domain
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (int(self._W.shape[0]), int(self._W.shape[1]))
+
+    def sparse(self) -> sp.csr_matrix:
+        return sp.csr_matrix(self._W)
+
+    def matrix(self) -> np.ndarray:
+        if sp.issparse(self._W):
+            self._check_materialisable()
+            return np.asarray(self._W.todense(), dtype=float)
+        return self._W
+
+    def gram(self) -> np.ndarray:
+        if sp.issparse(self._W):
+            return np.asarray((self._W.T @ self._W).todense(), dtype=float)
+        return self._W.T @ self._W
+
+    def row_labels(self) -> list[str]:
+        return self._labels if self._labels is not None else super().row_labels()
+
+
+def as_workload(W: Workload | np.ndarray | sp.spmatrix, name: str = "explicit") -> Workload:
+    """Return W unchanged if it is a Workload, else wrap a matrix as an ExplicitWorkload."""
+    if isinstance(W, Workload):
+        return W
+    return ExplicitWorkload(W, name=name)
+
+
+class GramWorkload(Workload):
+    """A workload known only through its Gram matrix W^T W (n x n, symmetric PSD); rows unavailable."""
+
+    def __init__(self, gram: np.ndarray, name: str = "gram", m: int | None = None) -> None:
+        G = check_finite_matrix(gram, "Gram matrix")
+        if G.shape[0] != G.shape[1]:
+            raise ValueError(f"Gram matrix must be square, got shape {G.shape}")
+        if not np.allclose(G, G.T, rtol=1e-10, atol=1e-12 * max(1.0, np.abs(G).max())):
+            raise ValueError("Gram matrix must be symmetric (W^T W)")
+        lam_min = float(np.linalg.eigvalsh(G)[0])
+        if lam_min < -1e-9 * max(1.0, float(np.abs(G).max())):
+            raise ValueError(f"Gram matrix must be positive semidefinite; smallest eigenvalue {lam_min:.3g}")
+        self._G = (G + G.T) / 2
+        self._m = m
+        self.name = name
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        # Without rows, the number of queries is unknown unless given; the rank is a valid stand-in
+        # for any V with V^T V = G.
+        m = self._m if self._m is not None else int(np.linalg.matrix_rank(self._G))
+        return (m, self._G.shape[0])
+
+    @property
+    def has_rows(self) -> bool:
+        return False
+
+    def gram(self) -> np.ndarray:
+        return self._G
+
+
+class Identity(Workload):
+    """Identity(n): every cell count (the histogram); Li and Miklau (seed 004) and seed 003."""
+
+    def __init__(self, n: int) -> None:
+        self._n = check_positive_int(n, "n")
+        self.name = f"identity({self._n})"
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self._n, self._n)
+
+    def sparse(self) -> sp.csr_matrix:
+        return sp.identity(self._n, format="csr", dtype=float)
+
+    def gram(self) -> np.ndarray:
+        return np.eye(self._n)
+
+
+class Total(Workload):
+    """Total(n): the single query summing all cells (seed 003)."""
+
+    def __init__(self, n: int) -> None:
+        self._n = check_positive_int(n, "n")
+        self.name = f"total({self._n})"
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (1, self._n)
+
+    def sparse(self) -> sp.csr_matrix:
+        return sp.csr_matrix(np.ones((1, self._n)))
+
+    def gram(self) -> np.ndarray:
+        return np.ones((self._n, self._n))
+
+
+class Prefix(Workload):
+    """Prefix(n): the n prefix sums x_0 + ... + x_i (lower-triangular ones; HDMM's 1-D table)."""
+
+    def __init__(self, n: int) -> None:
+        self._n = check_positive_int(n, "n")
+        self.name = f"prefix({self._n})"
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self._n, self._n)
+
+    def sparse(self) -> sp.csr_matrix:
+        return sp.csr_matrix(np.tril(np.ones((self._n, self._n))))
+
+    def gram(self) -> np.ndarray:
+        """Closed form: (W^T W)[i, j] = n - max(i, j) (0-indexed)."""
+        i = np.arange(self._n)
+        return (self._n - np.maximum.outer(i, i)).astype(float)
+
+    def row_labels(self) -> list[str]:
+        return [f"[0,{i}]" for i in range(self._n)]
+
+
+def _range_rows(n: int, starts: np.ndarray, ends: np.ndarray) -> sp.csr_matrix:
+    """Sparse 0/1 matrix whose row q covers cells starts[q]..ends[q] inclusive."""
+    lengths = ends - starts + 1
+    rows = np.repeat(np.arange(len(starts)), lengths)
+    offsets = np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    cols = np.repeat(starts, lengths) + offsets
+    data = np.ones(len(rows))
+    return sp.csr_matrix((data, (rows, cols)), shape=(len(starts), n))
+
+
+class AllRange(Workload):
+    """AllRange(n): all n(n+1)/2 range queries [i, j], i <= j, ordered by (i, j) (seed 004, Table 2)."""
+
+    def __init__(self, n: int) -> None:
+        self._n = check_positive_int(n, "n")
+        self.name = f"allrange({self._n})"
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self._n * (self._n + 1) // 2, self._n)
+
+    @property
+    def has_rows(self) -> bool:
+        # Count non-zeros, not entries: the sparse matrix holds n(n+1)(n+2)/6 ones.
+        n = self._n
+        return n * (n + 1) * (n + 2) // 6 <= MAX_DENSE_ENTRIES // 4
+
+    def _bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        i, j = np.triu_indices(self._n)
+        return i, j
+
+    def sparse(self) -> sp.csr_matrix:
+        self._check_materialisable()
+        i, j = self._bounds()
+        return _range_rows(self._n, i, j)
+
+    def matrix(self) -> np.ndarray:
+        m, n = self.shape
+        if m * n > MAX_DENSE_ENTRIES:
+            raise WorkloadTooLargeError(f"{self.name} has {m} x {n} entries; use sparse() or gram()")
+        return np.asarray(self.sparse().todense(), dtype=float)
+
+    def gram(self) -> np.ndarray:
+        """Closed form: ranges containing both i <= j number (i + 1)(n - j) (0-indexed)."""
+        i = np.arange(self._n)
+        lo = np.minimum.outer(i, i)
+        hi = np.maximum.outer(i, i)
+        return ((lo + 1) * (self._n - hi)).astype(float)
+
+    def row_labels(self) -> list[str]:
+        i, j = self._bounds()
+        return [f"[{a},{b}]" for a, b in zip(i, j, strict=True)]
+
+
+class WidthK(Workload):
+    """WidthK(n, k): all n - k + 1 ranges of width exactly k (HDMM's width32 workload)."""
+
+    def __init__(self, n: int, k: int) -> None:
+        self._n = check_positive_int(n, "n")
+        self._k = check_positive_int(k, "k")
+        if self._k > self._n:
+            raise ValueError(f"width k must be at most the domain size n = {self._n}, got k = {self._k}")
+        self.name = f"width{self._k}({self._n})"
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self._n - self._k + 1, self._n)
+
+    def sparse(self) -> sp.csr_matrix:
+        starts = np.arange(self._n - self._k + 1)
+        return _range_rows(self._n, starts, starts + self._k - 1)
+
+    def row_labels(self) -> list[str]:
+        return [f"[{s},{s + self._k - 1}]" for s in range(self._n - self._k + 1)]
+
+
+class WRange(Workload):
+    """WRange(m, n): m random ranges, endpoints uniform on the domain (seed 000, Section 6)."""
+
+    def __init__(self, m: int, n: int, seed: int | np.random.Generator | None = 0) -> None:
+        self._m = check_positive_int(m, "m")
+        self._n = check_positive_int(n, "n")
+        rng = as_generator(seed)
+        a = rng.integers(0, self._n, size=self._m)
+        b = rng.integers(0, self._n, size=self._m)
+        self._starts, self._ends = np.minimum(a, b), np.maximum(a, b)
+        self.name = f"wrange({self._m}x{self._n})"
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self._m, self._n)
+
+    def sparse(self) -> sp.csr_matrix:
+        return _range_rows(self._n, self._starts, self._ends)
+
+    def row_labels(self) -> list[str]:
+        return [f"[{a},{b}]" for a, b in zip(self._starts, self._ends, strict=True)]
+
+
+class WDiscrete(Workload):
+    """WDiscrete(m, n): W_ij = 1 with probability p = 0.02, else off_value (seed 000, Section 6).
+
+    The paper's text sets the non-selected entries to -1 (`off_value=-1`, the default, as printed); the
+    0/1 variant (`off_value=0`) is the reading in which each query counts a sparse random subset.
+    """
+
+    def __init__(
+        self,
+        m: int,
+        n: int,
+        seed: int | np.random.Generator | None = 0,
+        off_value: float = -1.0,
+        p: float = 0.02,
+    ) -> None:
+        self._m = check_positive_int(m, "m")
+        self._n = check_positive_int(n, "n")
+        if off_value not in (-1, 0):
+            raise ValueError(f"off_value must be -1 (the paper's text) or 0 (0/1 variant), got {off_value}")
+        if not 0.0 < p < 1.0:
+            raise ValueError(f"p must lie in (0, 1), got {p}")
+        rng = as_generator(seed)
+        on = rng.random((self._m, self._n)) < p
+        self._W = np.where(on, 1.0, float(off_value))
+        self.off_value = float(off_value)
+        self.name = f"wdiscrete({self._m}x{self._n}{'' if off_value == -1 else ',0/1'})"
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self._m, self._n)
+
+    def matrix(self) -> np.ndarray:
+        return self._W
+
+    def sparse(self) -> sp.csr_matrix:
+        return sp.csr_matrix(self._W)
+
+    def gram(self) -> np.ndarray:
+        return self._W.T @ self._W
+
+
+class WRelated(Workload):
+    """WRelated(m, n, s) = C A with standard normal C (m x s) and A (s x n): rank s (seed 000, Section 6)."""
+
+    def __init__(self, m: int, n: int, s: int, seed: int | np.random.Generator | None = 0) -> None:
+        self._m = check_positive_int(m, "m")
+        self._n = check_positive_int(n, "n")
+        self.s = check_positive_int(s, "s")
+        rng = as_generator(seed)
+        A = rng.standard_normal((self.s, self._n))
+        C = rng.standard_normal((self._m, self.s))
+        self._W = C @ A
+        self.name = f"wrelated({self._m}x{self._n},s={self.s})"
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self._m, self._n)
+
+    def matrix(self) -> np.ndarray:
+        return self._W
+
+    def sparse(self) -> sp.csr_matrix:
+        return sp.csr_matrix(self._W)
+
+    def gram(self) -> np.ndarray:
+        return self._W.T @ self._W
+
+
+class WTau(Workload):
+    """W_tau(m, n, tau): the Orthogonal Mechanism paper's tau-sparse random workload (seed 001, Section 5)."""
+
+    def __init__(self, m: int, n: int, tau: float, seed: int | np.random.Generator | None = 0) -> None:
+        from dpopt.solvers.orthogonal import w_tau_matrix
+
+        self._m = check_positive_int(m, "m")
+        self._n = check_positive_int(n, "n")
+        self.tau = float(tau)
+        self._W = np.asarray(w_tau_matrix(self._m, self._n, self.tau, as_generator(seed)), dtype=float)
+        self.name = f"wtau({self._m}x{self._n},tau={self.tau:g})"
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self._m, self._n)
+
+    def matrix(self) -> np.ndarray:
+        return self._W
+
+    def sparse(self) -> sp.csr_matrix:
+        return sp.csr_matrix(self._W)
+
+    def gram(self) -> np.ndarray:
+        return self._W.T @ self._W
+
+
+class AllPredicate(Workload):
+    """AllPredicate(n): all 2^n subset-count queries; Gram 2^(n-2) (I + 1 1^T) (seed 004, Cor. 5.4).
+
+    Only the Gram matrix exists: gram() returns I + 1 1^T and gram_log_scale = (n - 2) ln 2.
+    """
+
+    def __init__(self, n: int) -> None:
+        self._n = check_positive_int(n, "n")
+        if self._n < 2:
+            raise ValueError(f"AllPredicate needs n >= 2 cells, got {self._n}")
+        self.gram_log_scale = (self._n - 2) * math.log(2.0)
+        self.name = f"allpredicate({self._n})"
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (2**self._n, self._n)
+
+    @property
+    def has_rows(self) -> bool:
+        return False
+
+    def gram(self) -> np.ndarray:
+        return np.eye(self._n) + np.ones((self._n, self._n))
+
+
+class Kron(Workload):
+    """Kronecker product W_1 (x) ... (x) W_d: multi-dimensional products of 1-D workloads (seed 004)."""
+
+    def __init__(self, factors: Sequence[Workload], name: str | None = None) -> None:
+        if len(factors) == 0:
+            raise ValueError("Kron needs at least one factor workload")
+        self.factors = [as_workload(f) for f in factors]
+        self.gram_log_scale = float(sum(f.gram_log_scale for f in self.factors))
+        self.name = name or "kron(" + ",".join(f.name for f in self.factors) + ")"
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        m = math.prod(f.shape[0] for f in self.factors)
+        n = math.prod(f.shape[1] for f in self.factors)
+        return (m, n)
+
+    @property
+    def has_rows(self) -> bool:
+        return super().has_rows and all(f.has_rows for f in self.factors)
+
+    def sparse(self) -> sp.csr_matrix:
+        self._check_materialisable()
+        out = self.factors[0].sparse()
+        for f in self.factors[1:]:
+            out = sp.kron(out, f.sparse(), format="csr")
+        return out
+
+    def gram(self) -> np.ndarray:
+        """(W_1 (x) W_2)^T (W_1 (x) W_2) = W_1^T W_1 (x) W_2^T W_2."""
+        n = self.shape[1]
+        if n * n > MAX_DENSE_ENTRIES:
+            raise WorkloadTooLargeError(f"Gram of {self.name} is {n} x {n}; use the factors' Grams")
+        out = self.factors[0].gram()
+        for f in self.factors[1:]:
+            out = np.kron(out, f.gram())
+        return out
+
+    def row_labels(self) -> list[str]:
+        labels = self.factors[0].row_labels()
+        for f in self.factors[1:]:
+            labels = [f"{a} x {b}" for a in labels for b in f.row_labels()]
+        return labels
+
+
+class Stack(Workload):
+    """Union of workloads over the same cells, row blocks scaled by optional weights: [w_1 W_1; ...]."""
+
+    def __init__(
+        self,
+        workloads: Sequence[Workload],
+        weights: Sequence[float] | None = None,
+        name: str | None = None,
+    ) -> None:
+        if len(workloads) == 0:
+            raise ValueError("Stack needs at least one workload")
+        self.parts = [as_workload(w) for w in workloads]
+        ns = {p.n for p in self.parts}
+        if len(ns) != 1:
+            raise ValueError(f"stacked workloads must have the same number of cells, got {sorted(ns)}")
+        if any(p.gram_log_scale != 0.0 for p in self.parts):
+            raise ValueError("Stack does not support scaled Gram workloads such as AllPredicate")
+        w = np.ones(len(self.parts)) if weights is None else np.asarray(weights, dtype=float)
+        if w.shape != (len(self.parts),) or not np.all(np.isfinite(w)) or np.any(w <= 0):
+            raise ValueError(f"weights must be {len(self.parts)} positive finite numbers, got {weights}")
+        self.weights = w
+        self.name = name or "stack(" + ",".join(p.name for p in self.parts) + ")"
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (sum(p.shape[0] for p in self.parts), self.parts[0].n)
+
+    @property
+    def has_rows(self) -> bool:
+        return super().has_rows and all(p.has_rows for p in self.parts)
+
+    def sparse(self) -> sp.csr_matrix:
+        self._check_materialisable()
+        return sp.vstack([wt * p.sparse() for wt, p in zip(self.weights, self.parts, strict=True)]).tocsr()
+
+    def gram(self) -> np.ndarray:
+        """sum_k w_k^2 W_k^T W_k."""
+        return sum(wt**2 * p.gram() for wt, p in zip(self.weights, self.parts, strict=True))
+
+    def row_labels(self) -> list[str]:
+        return [f"{p.name}:{lab}" for p in self.parts for lab in p.row_labels()]
+
+
+class _Ones(Workload):
+    """The 1 x n all-ones query used to sum out an attribute inside a marginal."""
+
+    def __init__(self, n: int) -> None:
+        self._n = n
+        self.name = f"sum({n})"
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (1, self._n)
+
+    def sparse(self) -> sp.csr_matrix:
+        return sp.csr_matrix(np.ones((1, self._n)))
+
+    def gram(self) -> np.ndarray:
+        return np.ones((self._n, self._n))
+
+    def row_labels(self) -> list[str]:
+        return ["*"]
+
+
+def marginal(domain_sizes: Sequence[int], attrs: Sequence[int]) -> Kron:
+    """The marginal (cuboid) over attribute indices `attrs`: Kronecker of Identity (kept) and 1^T (summed)."""
+    sizes = [check_positive_int(s, "domain size") for s in domain_sizes]
+    keep = set(attrs)
+    if not keep <= set(range(len(sizes))):
+        raise ValueError(f"marginal attributes {sorted(keep)} outside 0..{len(sizes) - 1}")
+    factors: list[Workload] = [Identity(s) if i in keep else _Ones(s) for i, s in enumerate(sizes)]
+    return Kron(factors, name="marginal(" + ",".join(str(a) for a in sorted(keep)) + ")")
+
+
+class Marginals(Stack):
+    """All k-way marginals (or the given attribute subsets) of a multi-attribute domain: a data cube (seed 004, Thm 5.5)."""
+
+    def __init__(
+        self,
+        domain_sizes: Sequence[int],
+        k: int | None = None,
+        subsets: Sequence[Sequence[int]] | None = None,
+        weights: Sequence[float] | None = None,
+    ) -> None:
+        d = len(domain_sizes)
+        if (k is None) == (subsets is None):
+            raise ValueError("give exactly one of k (all k-way marginals) or subsets")
+        if k is not None:
+            if not 0 <= k <= d:
+                raise ValueError(f"k must lie in 0..{d}, got {k}")
+            subsets = list(combinations(range(d), k))
+        assert subsets is not None
+        self.subsets = [tuple(sorted(s)) for s in subsets]
+        self.domain_sizes = [int(s) for s in domain_sizes]
+        parts = [marginal(self.domain_sizes, s) for s in self.subsets]
+        label = f"{k}-way" if k is not None else f"{len(self.subsets)} cuboids"
+        super().__init__(parts, weights, name=f"marginals({label} over {'x'.join(map(str, self.domain_sizes))})")
+
+
+def all_range_nd(sizes: Sequence[int]) -> Kron:
+    """ALLRANGE(n_1, ..., n_d): all multi-dimensional range queries, the Kronecker product of AllRange (seed 004)."""
+    return Kron([AllRange(s) for s in sizes], name="allrange(" + ",".join(str(s) for s in sizes) + ")")
