@@ -33,7 +33,7 @@ def workload_strategy(workload: Workload | np.ndarray) -> Strategy:
     """A = W, B = I_m: noise on every query answer (seed 000's NOQ / Laplace mechanism)."""
     w = as_workload(workload)
     W = w.sparse()
-    return Strategy(W, B=np.eye(w.m), name="laplace")
+    return Strategy(W, B=sp.identity(w.m, format="csr"), name="laplace")
 
 
 def _tree_splits(lo: int, hi: int, b: int) -> list[tuple[int, int]]:

@@ -48,15 +48,17 @@ class ErrorReport:
         return d
 
 
-def _dense_A(strategy: Strategy) -> np.ndarray:
-    A = strategy.A
-    return A.toarray() if sp.issparse(A) else A
+def _row_sq_norms(B: np.ndarray | sp.spmatrix) -> np.ndarray:
+    """Squared L2 norm of every row of B (dense or sparse)."""
+    if sp.issparse(B):
+        return np.asarray(B.multiply(B).sum(axis=1)).ravel()
+    return np.einsum("ij,ij->i", B, B)
 
 
 def unit_error(strategy: Strategy, workload: Workload) -> float:
     """||B||_F^2 with B = W A^+ (via trace(G X^+), unscaled Gram) or the given B: error per unit noise variance."""
     if strategy.B is not None:
-        return float(np.sum(strategy.B**2))
+        return float(_row_sq_norms(strategy.B).sum())
     G = workload.gram()
     return float(np.einsum("ij,ji->", G, strategy.gram_pinv()))
 
@@ -83,7 +85,7 @@ def expected_error(
     m = workload.m
     per_query = None
     if strategy.B is not None:
-        per_query = var * np.sum(strategy.B**2, axis=1)
+        per_query = var * _row_sq_norms(strategy.B)
     elif workload.has_rows:
         W = workload.sparse()
         WXp = np.asarray(W @ strategy.gram_pinv())
@@ -92,7 +94,7 @@ def expected_error(
     if x is not None:
         x = check_finite_vector(x, "data vector x", workload.n)
         if strategy.B is not None:
-            r = workload.matrix() @ x - strategy.B @ (_dense_A(strategy) @ x)
+            r = workload.sparse() @ x - strategy.B @ (strategy.A @ x)
             bias_sq = float(r @ r)
         else:
             bias_sq = 0.0
@@ -121,11 +123,12 @@ def noisy_answers(
     trials: int = 1,
 ) -> np.ndarray:
     """Research-mode answers B (A x + z), z ~ Laplace/Gaussian from `rng`; shape (trials, m)."""
-    A = _dense_A(strategy)
     B = strategy.reconstruct(workload)
+    r = strategy.shape[0]
     sens = strategy.sensitivity(privacy.norm)
-    z = privacy.sample_noise(sens, trials * A.shape[0], rng).reshape(trials, A.shape[0])
-    return (A @ x + z) @ B.T
+    z = privacy.sample_noise(sens, trials * r, rng).reshape(trials, r)
+    y = np.asarray(strategy.A @ x)[None, :] + z
+    return np.asarray((B @ y.T).T)
 
 
 def monte_carlo_error(
@@ -146,7 +149,7 @@ def monte_carlo_error(
     x = check_finite_vector(x, "data vector x", workload.n)
     if trials < 2:
         raise ValueError(f"trials must be at least 2, got {trials}")
-    truth = workload.matrix() @ x
+    truth = workload.sparse() @ x
     totals = []
     sq_sum = np.zeros(workload.m)
     done = 0

@@ -31,7 +31,7 @@ class Strategy:
     def __init__(
         self,
         A: np.ndarray | sp.spmatrix,
-        B: np.ndarray | None = None,
+        B: np.ndarray | sp.spmatrix | None = None,
         name: str = "strategy",
         gamma: float = 0.0,
     ) -> None:
@@ -45,7 +45,12 @@ class Strategy:
         else:
             self.A = check_finite_matrix(A, "strategy A")
         if B is not None:
-            B = check_finite_matrix(B, "reconstruction B")
+            if sp.issparse(B):
+                B = sp.csr_matrix(B, dtype=float)
+                if B.nnz and not np.all(np.isfinite(B.data)):
+                    raise ValueError("reconstruction B has NaN or infinite entries")
+            else:
+                B = check_finite_matrix(B, "reconstruction B")
             if B.shape[1] != self.A.shape[0]:
                 raise ValueError(
                     f"reconstruction B has {B.shape[1]} columns but A has {self.A.shape[0]} rows; "
@@ -53,7 +58,7 @@ class Strategy:
                 )
         if gamma < 0 or not np.isfinite(gamma):
             raise ValueError(f"gamma must be a finite non-negative number, got {gamma}")
-        self.B = B
+        self.B: np.ndarray | sp.csr_matrix | None = B
         self.name = name
         self.gamma = float(gamma)
         if self._column_sq_norms().max() == 0.0:
@@ -142,7 +147,7 @@ class Strategy:
         lam, V = self._gram_eig
         inv = np.divide(1.0, lam, out=np.zeros_like(lam), where=lam > 0)
         Xp = (V * inv) @ V.T
-        return np.asarray((self.A.T @ Xp.T).T if sp.issparse(self.A) else Xp @ self.A.T)
+        return np.asarray(self.A @ Xp).T  # (A X^+)^T = X^+ A^T since X^+ is symmetric
 
     def gram_pinv(self) -> np.ndarray:
         """X^+ = (A^T A)^+ (n x n)."""
@@ -150,7 +155,7 @@ class Strategy:
         inv = np.divide(1.0, lam, out=np.zeros_like(lam), where=lam > 0)
         return (V * inv) @ V.T
 
-    def reconstruct(self, workload: Workload | np.ndarray) -> np.ndarray:
+    def reconstruct(self, workload: Workload | np.ndarray) -> np.ndarray | sp.csr_matrix:
         """The reconstruction matrix: the given B, or the least-squares B = W A^+ (m x r)."""
         workload = as_workload(workload)
         self._check_cells(workload)
@@ -174,13 +179,12 @@ class Strategy:
             raise StrategyError(f"workload {workload.name} is all zeros")
         if self.B is None:
             lam, V = self._gram_eig
-            Vr = V[:, lam > 0]
-            # ||W (I - P)||_F^2 = trace(G) - trace(Vr^T G Vr), with P the projector onto row(A).
-            res2 = trG - float(np.einsum("ij,ij->", Vr, G @ Vr))
+            Vn = V[:, lam == 0]
+            # ||W (I - P)||_F^2 = trace(Vn^T G Vn), Vn spanning the null space of A (no cancellation).
+            res2 = float(np.einsum("ij,ij->", Vn, G @ Vn)) if Vn.shape[1] else 0.0
         else:
-            W = workload.matrix()
-            R = W - self.B @ (self.A.toarray() if sp.issparse(self.A) else self.A)
-            res2 = float(np.sum(R * R))
+            R = workload.sparse() - sp.csr_matrix(self.B) @ sp.csr_matrix(self.A)
+            res2 = float(R.multiply(R).sum())
         return float(np.sqrt(max(res2, 0.0) / trG))
 
     def residual(self, workload: Workload | np.ndarray) -> float:

@@ -1,0 +1,64 @@
+"""Baseline mechanisms: Laplace (noise on queries), identity (noise on data), hierarchical, wavelet."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from dpopt.baselines import (
+    hierarchical_strategy,
+    identity_strategy,
+    kron_strategy,
+    wavelet_strategy,
+    workload_strategy,
+)
+from dpopt.mechanisms.base import Mechanism, Selection
+from dpopt.privacy import Privacy
+from dpopt.strategy import Strategy
+from dpopt.workloads import Kron, Workload
+
+
+def _per_dimension(workload: Workload, make: Callable[[int], Strategy], name: str) -> Strategy:
+    """make(n) for a 1-D workload; the Kronecker product of make(n_i) over a Kron workload's factors."""
+    if isinstance(workload, Kron) and len(workload.factors) > 1:
+        return kron_strategy([make(f.n) for f in workload.factors], name=name)
+    return make(workload.n)
+
+
+class LaplaceMechanism(Mechanism):
+    """Noise on every query answer, A = W, B = I (seed 000's NOQ / M_R; Dwork et al. 2006)."""
+
+    short_name = "laplace"
+
+    def _select(self, workload: Workload, privacy: Privacy) -> Selection:
+        return Selection(workload_strategy(workload))
+
+
+class IdentityMechanism(Mechanism):
+    """Noise on data, A = I, answers W (x + z) (seed 000's NOD / M_D)."""
+
+    short_name = "identity"
+
+    def _select(self, workload: Workload, privacy: Privacy) -> Selection:
+        return Selection(identity_strategy(workload.n))
+
+
+class HierarchicalMechanism(Mechanism):
+    """Hierarchical strategy with branching b, least-squares inference (Hay et al. 2010; seed 003)."""
+
+    short_name = "hierarchical"
+
+    def __init__(self, branching: int = 2) -> None:
+        self.branching = branching
+
+    def _select(self, workload: Workload, privacy: Privacy) -> Selection:
+        name = f"hierarchical(b={self.branching})"
+        return Selection(_per_dimension(workload, lambda n: hierarchical_strategy(n, self.branching), name))
+
+
+class WaveletMechanism(Mechanism):
+    """Haar wavelet strategy, least-squares inference (Privelet, Xiao et al. 2010; seed 003)."""
+
+    short_name = "wavelet"
+
+    def _select(self, workload: Workload, privacy: Privacy) -> Selection:
+        return Selection(_per_dimension(workload, wavelet_strategy, "wavelet"))
