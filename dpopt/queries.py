@@ -1,0 +1,358 @@
+"""Workloads from predicates over a Domain: no 0/1 matrix written by hand.
+
+A condition selects a set of levels of one or more attributes (``Equals``, ``In``, ``Between`` and
+their conjunction with ``&``).  A counting query asks how many rows satisfy a condition; its row in W
+is the indicator of the selected cells, built as the Kronecker product (in domain order) of one
+0/1 vector per attribute (all ones for an attribute the condition does not mention).  This is the
+same row-major cell order as ``dpopt.data`` and ``numpy.ravel_multi_index``.
+
+Every builder returns a ``dpopt.workloads.ExplicitWorkload`` holding a sparse W, a label per row
+("sex=F & race=2", "20 <= age <= 29") and the Domain it is over (``workload.domain``); answering it
+on data over another domain is refused by ``check_domain``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from itertools import combinations
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from dpopt.data import Attribute, Domain, NumericBins, _fmt_num
+from dpopt.workloads import ExplicitWorkload, Workload
+
+__all__ = [
+    "Condition",
+    "Equals",
+    "In",
+    "Between",
+    "And",
+    "predicate_workload",
+    "marginal_workload",
+    "marginals_workload",
+    "range_workload",
+    "identity_workload",
+    "total_workload",
+    "stack_workloads",
+    "check_domain",
+    "DomainMismatchError",
+]
+
+
+class DomainMismatchError(ValueError):
+    """A workload is over a different Domain than the data it is asked to answer."""
+
+
+# -- conditions ----------------------------------------------------------------------------------
+class Condition:
+    """A set of cells described by per-attribute level masks; conjunctions with ``&``."""
+
+    def masks(self, domain: Domain) -> dict[str, np.ndarray]:
+        """{attribute name: boolean mask over its codes (shape (k,))} for each constrained attribute."""
+        raise NotImplementedError
+
+    def label(self, domain: Domain) -> str:
+        """Human-readable text of the condition, with the domain's level labels."""
+        raise NotImplementedError
+
+    def __and__(self, other: Condition) -> And:
+        if not isinstance(other, Condition):
+            return NotImplemented
+        return And(self, other)
+
+    def row(self, domain: Domain) -> sp.csr_matrix:
+        """Indicator row (1 x domain.size, sparse) of the cells satisfying the condition."""
+        masks = self.masks(domain)
+        out: sp.csr_matrix | None = None
+        for a in domain.attributes:
+            m = masks.get(a.name)
+            vec = np.ones(a.size) if m is None else m.astype(float)
+            v = sp.csr_matrix(vec.reshape(1, -1))
+            out = v if out is None else sp.kron(out, v, format="csr")
+        assert out is not None
+        if out.nnz == 0:
+            raise ValueError(f"condition {self.label(domain)!r} selects no cell of {domain!r}")
+        return out
+
+
+def _attr(domain: Domain, name: str) -> Attribute:
+    if not isinstance(domain, Domain):
+        raise ValueError(f"expected a Domain, got {type(domain).__name__}")
+    return domain.attribute(name)
+
+
+class Equals(Condition):
+    """attribute == value."""
+
+    def __init__(self, attribute: str, value: Any) -> None:
+        self.attribute = attribute
+        self.value = value
+
+    def masks(self, domain: Domain) -> dict[str, np.ndarray]:
+        a = _attr(domain, self.attribute)
+        m = np.zeros(a.size, dtype=bool)
+        m[a.code_of(self.value)] = True
+        return {a.name: m}
+
+    def label(self, domain: Domain) -> str:
+        a = _attr(domain, self.attribute)
+        return f"{a.name}={a.label(a.code_of(self.value))}"
+
+    def __repr__(self) -> str:
+        return f"Equals({self.attribute!r}, {self.value!r})"
+
+
+class In(Condition):
+    """attribute in {values} (a non-empty set of levels)."""
+
+    def __init__(self, attribute: str, values: Iterable[Any]) -> None:
+        self.attribute = attribute
+        if isinstance(values, str | bytes):
+            raise ValueError(f"In({attribute!r}, ...) needs a collection of values, got the string "
+                             f"{values!r}; use Equals for one value")
+        self.values = list(values)
+        if not self.values:
+            raise ValueError(f"In({attribute!r}, ...) needs at least one value")
+
+    def masks(self, domain: Domain) -> dict[str, np.ndarray]:
+        a = _attr(domain, self.attribute)
+        m = np.zeros(a.size, dtype=bool)
+        for v in self.values:
+            m[a.code_of(v)] = True
+        return {a.name: m}
+
+    def label(self, domain: Domain) -> str:
+        a = _attr(domain, self.attribute)
+        codes = np.flatnonzero(self.masks(domain)[a.name])
+        if codes.size == 1:
+            return f"{a.name}={a.label(int(codes[0]))}"
+        return f"{a.name} in {{{', '.join(a.label(int(c)) for c in codes)}}}"
+
+    def __repr__(self) -> str:
+        return f"In({self.attribute!r}, {self.values!r})"
+
+
+class Between(Condition):
+    """low <= attribute <= high, inclusive, on an ordinal attribute.
+
+    Integer ranges: integer values.  Ordered categoricals: levels (by position).  Numeric bins: the
+    bins lying inside [low, high]; a bound that cuts a bin in two is refused, since the data only
+    know the bin.  A catch-all level is never selected.
+    """
+
+    def __init__(self, attribute: str, low: Any, high: Any) -> None:
+        self.attribute = attribute
+        self.low = low
+        self.high = high
+
+    def _codes(self, a: Attribute) -> tuple[int, int]:
+        if not a.ordinal:
+            raise ValueError(
+                f"Between needs an ordinal attribute; {a.name!r} is an unordered categorical "
+                "(use In, or declare it Categorical(..., ordered=True))"
+            )
+        if isinstance(a, NumericBins):
+            lo, hi = float(self.low), float(self.high)
+            if hi < lo:
+                raise ValueError(f"Between({a.name!r}, {self.low}, {self.high}): need low <= high")
+            inside = [j for j, iv in enumerate(a.levels) if iv.left >= lo and iv.right <= hi]
+            cut = [a.label(j) for j, iv in enumerate(a.levels)
+                   if iv.left < hi and iv.right > lo and j not in inside]
+            if cut:
+                raise ValueError(
+                    f"Between({a.name!r}, {self.low}, {self.high}) cuts bin(s) {cut}; use bounds "
+                    f"at bin edges {[float(e) for e in a.edges]}"
+                )
+            if not inside:
+                raise ValueError(
+                    f"Between({a.name!r}, {self.low}, {self.high}) contains no bin; "
+                    f"expected bounds among the edges {[float(e) for e in a.edges]}"
+                )
+            return inside[0], inside[-1]
+        lo_c, hi_c = a.code_of(self.low), a.code_of(self.high)
+        if a.other is not None and a.n_regular in (lo_c, hi_c):
+            raise ValueError(f"Between({a.name!r}, ...) cannot use the catch-all level {a.other!r}")
+        if hi_c < lo_c:
+            raise ValueError(f"Between({a.name!r}, {self.low!r}, {self.high!r}): need low <= high")
+        return lo_c, hi_c
+
+    def masks(self, domain: Domain) -> dict[str, np.ndarray]:
+        a = _attr(domain, self.attribute)
+        lo, hi = self._codes(a)
+        m = np.zeros(a.size, dtype=bool)
+        m[lo : hi + 1] = True
+        return {a.name: m}
+
+    def label(self, domain: Domain) -> str:
+        a = _attr(domain, self.attribute)
+        lo, hi = self._codes(a)
+        return _range_label(a, lo, hi)
+
+    def __repr__(self) -> str:
+        return f"Between({self.attribute!r}, {self.low!r}, {self.high!r})"
+
+
+def _range_label(a: Attribute, lo: int, hi: int) -> str:
+    """Label of the levels lo..hi of an ordinal attribute."""
+    if isinstance(a, NumericBins):
+        right = "]" if a.levels[hi].closed == "both" else ")"
+        left_edge, right_edge = a.levels[lo].left, a.levels[hi].right
+        return f"{a.name} in [{_fmt_num(left_edge)}, {_fmt_num(right_edge)}{right}"
+    if lo == hi:
+        return f"{a.name}={a.label(lo)}"
+    return f"{a.label(lo)} <= {a.name} <= {a.label(hi)}"
+
+
+class And(Condition):
+    """Conjunction: every part holds (masks on the same attribute intersect)."""
+
+    def __init__(self, *parts: Condition) -> None:
+        if not parts:
+            raise ValueError("And needs at least one condition")
+        flat: list[Condition] = []
+        for p in parts:
+            if not isinstance(p, Condition):
+                raise ValueError(f"And takes Condition objects, got {p!r}")
+            flat.extend(p.parts if isinstance(p, And) else [p])
+        self.parts = flat
+
+    def masks(self, domain: Domain) -> dict[str, np.ndarray]:
+        out: dict[str, np.ndarray] = {}
+        for p in self.parts:
+            for name, m in p.masks(domain).items():
+                out[name] = out[name] & m if name in out else m
+        return out
+
+    def label(self, domain: Domain) -> str:
+        return " & ".join(p.label(domain) for p in self.parts)
+
+    def __repr__(self) -> str:
+        return " & ".join(repr(p) for p in self.parts)
+
+
+# -- builders ------------------------------------------------------------------------------------
+def _workload(W: sp.spmatrix, name: str, labels: list[str], domain: Domain) -> ExplicitWorkload:
+    return ExplicitWorkload(sp.csr_matrix(W, dtype=float), name=name, row_labels=labels,
+                            domain=domain)
+
+
+def predicate_workload(
+    domain: Domain,
+    conditions: Sequence[Condition] | Mapping[str, Condition],
+    name: str | None = None,
+) -> ExplicitWorkload:
+    """One counting query per condition (m = len(conditions)), labelled by the condition's text.
+
+    ``conditions`` may be a mapping {label: condition} to choose the labels.
+    """
+    if isinstance(conditions, Mapping):
+        items = [(str(k), c) for k, c in conditions.items()]
+    else:
+        items = [(None, c) for c in conditions]
+    if not items:
+        raise ValueError("predicate_workload needs at least one condition")
+    rows, labels = [], []
+    for lab, c in items:
+        if not isinstance(c, Condition):
+            raise ValueError(f"expected Condition objects (Equals, In, Between, And), got {c!r}")
+        rows.append(c.row(domain))
+        labels.append(lab if lab is not None else c.label(domain))
+    return _workload(sp.vstack(rows), name or f"predicates({len(rows)})", labels, domain)
+
+
+def _kron_rows(domain: Domain, factors: dict[str, sp.spmatrix]) -> sp.csr_matrix:
+    """Kronecker product over the domain's attributes: factors[name], or a ones row elsewhere."""
+    out: sp.csr_matrix | None = None
+    for a in domain.attributes:
+        f = factors.get(a.name)
+        if f is None:
+            f = sp.csr_matrix(np.ones((1, a.size)))
+        out = f if out is None else sp.kron(out, f, format="csr")
+    assert out is not None
+    return out
+
+
+def marginal_workload(domain: Domain, attributes: Sequence[str]) -> ExplicitWorkload:
+    """The marginal over ``attributes``: one count per cell of the sub-domain they span.
+
+    Rows follow the sub-domain's cell order (attributes in domain order, last fastest) and are
+    labelled "sex=F & race=2".  The empty list gives the total.
+    """
+    if isinstance(attributes, str):
+        attributes = [attributes]
+    if not attributes:
+        return total_workload(domain)
+    sub = domain.project(attributes)
+    W = _kron_rows(domain, {a.name: sp.identity(a.size, format="csr") for a in sub.attributes})
+    return _workload(W, f"marginal({','.join(sub.names)})", sub.cell_labels(), domain)
+
+
+def marginals_workload(domain: Domain, k: int) -> ExplicitWorkload:
+    """All k-way marginals of the domain stacked (attribute subsets in lexicographic domain order)."""
+    if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= len(domain):
+        raise ValueError(f"k must be an integer in 0..{len(domain)}, got {k!r}")
+    parts = [marginal_workload(domain, list(s)) for s in combinations(domain.names, k)]
+    return stack_workloads(parts, name=f"marginals({k}-way)")
+
+
+def range_workload(domain: Domain, attribute: str) -> ExplicitWorkload:
+    """All range queries lo..hi (lo <= hi) over one ordinal attribute, summed over the others.
+
+    k(k+1)/2 rows for k regular levels, ordered by lo then hi; labels "20 <= age <= 29".
+    """
+    a = domain.attribute(attribute)
+    if not a.ordinal:
+        raise ValueError(
+            f"range queries need an ordinal attribute; {a.name!r} is an unordered categorical"
+        )
+    k = a.n_regular
+    lo, hi = np.triu_indices(k)
+    rows = np.repeat(np.arange(lo.size), hi - lo + 1)
+    cols = np.concatenate([np.arange(i, j + 1) for i, j in zip(lo, hi, strict=True)])
+    R = sp.csr_matrix((np.ones(rows.size), (rows, cols)), shape=(lo.size, a.size))
+    W = _kron_rows(domain, {a.name: R})
+    labels = [_range_label(a, int(i), int(j)) for i, j in zip(lo, hi, strict=True)]
+    return _workload(W, f"ranges({a.name})", labels, domain)
+
+
+def identity_workload(domain: Domain) -> ExplicitWorkload:
+    """Every cell count (n rows), labelled with the cell's values."""
+    return _workload(sp.identity(domain.size, format="csr"), "identity", domain.cell_labels(),
+                     domain)
+
+
+def total_workload(domain: Domain) -> ExplicitWorkload:
+    """The number of rows (one query, all ones)."""
+    return _workload(sp.csr_matrix(np.ones((1, domain.size))), "total", ["total"], domain)
+
+
+def stack_workloads(workloads: Sequence[Workload], name: str | None = None) -> ExplicitWorkload:
+    """Rows of several workloads over the same Domain, one after another, labels kept."""
+    parts = list(workloads)
+    if not parts:
+        raise ValueError("stack_workloads needs at least one workload")
+    domain = getattr(parts[0], "domain", None)
+    if not isinstance(domain, Domain):
+        raise ValueError(f"workload {parts[0].name!r} is not bound to a Domain")
+    for p in parts[1:]:
+        check_domain(p, domain)
+    W = sp.vstack([p.sparse() for p in parts]).tocsr()
+    labels = [lab for p in parts for lab in p.row_labels()]
+    return _workload(W, name or "+".join(p.name for p in parts), labels, domain)
+
+
+def check_domain(workload: Workload, domain: Domain) -> None:
+    """Raise DomainMismatchError unless ``workload`` is bound to exactly ``domain``."""
+    wd = getattr(workload, "domain", None)
+    if wd is None:
+        raise DomainMismatchError(
+            f"workload {workload.name!r} is not bound to a Domain; build it with dpopt.queries "
+            f"over {domain!r}"
+        )
+    if wd != domain:
+        raise DomainMismatchError(
+            f"workload {workload.name!r} is over {wd!r} but the data are over {domain!r}; "
+            "build the workload and the histogram from the same Domain"
+        )
