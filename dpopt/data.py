@@ -176,6 +176,12 @@ class Categorical(Attribute):
     def expected(self) -> str:
         return f"one of {_show_levels(self._levels)}"
 
+    def label(self, code: int) -> str:
+        v = self.value_of(code)
+        if isinstance(v, float | np.floating):
+            return _fmt_num(float(v))
+        return str(v)
+
     def _encode_present(self, values: pd.Series) -> tuple[np.ndarray, str]:
         codes = self._index.get_indexer(pd.Index(values.to_numpy(dtype=object)))
         return codes.astype(np.int64), UNSEEN

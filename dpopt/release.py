@@ -1,0 +1,442 @@
+"""Release mode: answers meant for publication, with secure noise and a privacy budget ledger.
+
+Research mode (``Mechanism.answer(x, rng)``, ``dpopt.error``) draws noise from a seeded numpy
+Generator so experiments repeat exactly; that noise is fine for measuring error and unfit for
+publishing (a Mersenne-style generator and textbook floating-point Laplace sampling leak).  Release
+mode is this module and nothing else:
+
+- noise comes from OpenDP's samplers (``opendp.measurements.make_laplace`` / ``make_gaussian`` on a
+  vector of floats), which draw from a cryptographically secure source and sample exactly on a
+  fine grid, so the floating-point attacks on naive samplers do not apply;
+- every release is charged to a ``PrivacyLedger`` *before* any noise is drawn; a release that would
+  overspend raises ``BudgetExceededError``, charges nothing and releases nothing;
+- if OpenDP cannot be imported, release mode refuses (``ReleaseUnavailableError``); it never falls
+  back to numpy;
+- every row of the output says ``mode="release"``.
+
+OpenDP features enabled: only ``"contrib"``, which OpenDP requires for every measurement whose
+proof has not finished its external vetting; the Laplace and Gaussian measurements used here come
+with proof documents (linked from their docstrings).  ``"floating-point"`` (samplers open to
+floating-point attacks) and ``"honest-but-curious"`` are *not* enabled and not needed in OpenDP
+0.16: float inputs are rounded to the noise grid inside the measurement and the noise is discrete
+on that grid.  ``enable_features`` sets a process-wide flag in OpenDP.
+
+What OpenDP does not cover: the measured values A x are computed here in float64 before OpenDP sees
+them, and the sensitivity handed to it is sens1(A) or sens2(A) of the strategy in exact arithmetic.
+Rounding in A x can move a neighbour's answer by a few ulps of |A x|, far below the noise grid for
+counts, but it is outside OpenDP's proof.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+import scipy.sparse as sp
+from scipy.special import log_ndtr
+
+from dpopt.privacy import Privacy
+from dpopt.queries import check_domain
+from dpopt.validation import check_finite_vector
+
+__all__ = [
+    "RELEASE",
+    "ReleaseUnavailableError",
+    "BudgetExceededError",
+    "Charge",
+    "PrivacyLedger",
+    "require_opendp",
+    "secure_laplace",
+    "secure_gaussian",
+    "gaussian_delta",
+    "zcdp_to_dp_epsilon",
+    "zcdp_budget",
+    "release",
+]
+
+RELEASE = "release"
+# Relative slack when comparing spent budget with the total: sums of decimal epsilons such as
+# 0.1 + 0.2 exceed 0.3 in binary floating point, and OpenDP rounds its privacy maps up by one ulp.
+BUDGET_RTOL = 1e-12
+
+
+class ReleaseUnavailableError(RuntimeError):
+    """Release mode cannot run (OpenDP missing or unusable); nothing was released or charged."""
+
+
+class BudgetExceededError(RuntimeError):
+    """A release would overspend the ledger; nothing was released and nothing was charged."""
+
+
+# -- OpenDP samplers ------------------------------------------------------------------------------
+def require_opendp() -> Any:
+    """``opendp.prelude`` with the "contrib" feature enabled; ReleaseUnavailableError otherwise."""
+    try:
+        import opendp.prelude as dp
+    except Exception as exc:  # ImportError, or a broken native library
+        raise ReleaseUnavailableError(
+            "release mode needs OpenDP (pip install opendp) for its secure noise samplers and "
+            f"refuses to fall back to numpy; import failed: {exc}"
+        ) from exc
+    dp.enable_features("contrib")
+    return dp
+
+
+def _values(values: np.ndarray) -> list[float]:
+    v = np.asarray(values, dtype=float)
+    if v.ndim != 1 or v.size == 0:
+        raise ValueError(f"values must be a non-empty 1-D vector, got shape {v.shape}")
+    if not np.all(np.isfinite(v)):
+        raise ValueError("values have NaN or infinite entries; expected only finite numbers")
+    return v.tolist()
+
+
+def _check_scale(scale: float, what: str) -> float:
+    if isinstance(scale, bool) or not isinstance(scale, int | float | np.floating | np.integer):
+        raise ValueError(f"{what} must be a number, got {scale!r}")
+    if not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"{what} must be a finite number > 0, got {scale}")
+    return float(scale)
+
+
+def _laplace_measurement(scale: float) -> Any:
+    dp = require_opendp()
+    space = dp.vector_domain(dp.atom_domain(T=float, nan=False)), dp.l1_distance(T=float)
+    return dp.m.make_laplace(*space, scale=scale)
+
+
+def _gaussian_measurement(sigma: float) -> Any:
+    dp = require_opendp()
+    space = dp.vector_domain(dp.atom_domain(T=float, nan=False)), dp.l2_distance(T=float)
+    return dp.m.make_gaussian(*space, scale=sigma)
+
+
+def secure_laplace(values: np.ndarray, scale: float) -> np.ndarray:
+    """values + Laplace(0, scale) noise per entry, drawn by OpenDP (shape of values, (r,))."""
+    scale = _check_scale(scale, "Laplace scale")
+    v = _values(values)
+    return np.asarray(_laplace_measurement(scale)(v), dtype=float)
+
+
+def secure_gaussian(values: np.ndarray, sigma: float) -> np.ndarray:
+    """values + N(0, sigma^2) noise per entry, drawn by OpenDP (shape of values, (r,))."""
+    sigma = _check_scale(sigma, "Gaussian sigma")
+    v = _values(values)
+    return np.asarray(_gaussian_measurement(sigma)(v), dtype=float)
+
+
+# -- privacy arithmetic ---------------------------------------------------------------------------
+def gaussian_delta(sigma: float, sens2: float, epsilon: float) -> float:
+    """Exact delta of the Gaussian mechanism at epsilon (Balle and Wang, ICML 2018, Thm. 8).
+
+    delta = Phi(D/(2 s) - eps s/D) - e^eps Phi(-D/(2 s) - eps s/D), D = sens2, s = sigma; computed
+    in log space.  Used to verify, for the sigma actually drawn, the (eps, delta) a release claims.
+    """
+    a = sens2 / (2.0 * sigma) - epsilon * sigma / sens2
+    b = -sens2 / (2.0 * sigma) - epsilon * sigma / sens2
+    la, lb = float(log_ndtr(a)), epsilon + float(log_ndtr(b))
+    if lb >= la:
+        return 0.0
+    return math.exp(la) * -math.expm1(lb - la)
+
+
+def zcdp_to_dp_epsilon(rho: float, delta: float) -> float:
+    """epsilon = rho + 2 sqrt(rho ln(1/delta)): rho-zCDP implies (epsilon, delta)-DP (Bun and
+    Steinke, TCC 2016, Prop. 1.3), for every 0 < delta < 1."""
+    if rho < 0 or not 0 < delta < 1:
+        raise ValueError(f"need rho >= 0 and 0 < delta < 1, got rho={rho}, delta={delta}")
+    return rho + 2.0 * math.sqrt(rho * math.log(1.0 / delta))
+
+
+def zcdp_budget(epsilon: float, delta: float) -> float:
+    """Largest rho whose conversion ``zcdp_to_dp_epsilon(rho, delta)`` is at most epsilon.
+
+    Solving rho + 2 sqrt(rho L) = epsilon with L = ln(1/delta) for sqrt(rho):
+    sqrt(rho) = sqrt(L + epsilon) - sqrt(L).
+    """
+    if not epsilon > 0 or not 0 < delta < 1:
+        raise ValueError(f"need epsilon > 0 and 0 < delta < 1, got {epsilon}, {delta}")
+    L = math.log(1.0 / delta)
+    return (math.sqrt(L + epsilon) - math.sqrt(L)) ** 2
+
+
+# -- ledger ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Charge:
+    """The privacy cost of one release.
+
+    epsilon, delta: the (eps, delta)-DP guarantee of the release on its own; rho: its zCDP cost
+    (Gaussian: sens2^2 / (2 sigma^2), Bun and Steinke Prop. 1.6; Laplace: eps^2 / 2, Prop. 1.4);
+    noise: "laplace" or "gaussian"; label: free text for the history.
+    """
+
+    epsilon: float
+    delta: float
+    rho: float
+    noise: str
+    label: str = ""
+
+
+class PrivacyLedger:
+    """A total privacy budget and the releases charged against it.
+
+    accounting="basic": (eps, delta) add up (basic composition); a release is allowed while
+    sum eps <= total_epsilon and sum delta <= total_delta.
+    accounting="zcdp": releases are charged in zCDP (rho adds up, Bun and Steinke Lemma 2.3); the
+    total (eps, delta) becomes the rho budget ``zcdp_budget(total_epsilon, total_delta)`` and the
+    spent rho is reported back as (zcdp_to_dp_epsilon(rho, total_delta), total_delta).  Needs
+    total_delta > 0.  Gaussian releases are much cheaper under this accounting when there are many.
+
+    ``charge`` is atomic: it either records the whole charge or raises BudgetExceededError and
+    leaves the ledger exactly as it was.  Comparisons allow a relative slack of BUDGET_RTOL.
+    """
+
+    def __init__(
+        self,
+        total_epsilon: float,
+        total_delta: float = 0.0,
+        accounting: Literal["basic", "zcdp"] = "basic",
+    ) -> None:
+        if isinstance(total_epsilon, bool) or not isinstance(total_epsilon, int | float | np.floating
+                                                              | np.integer):
+            raise ValueError(f"total_epsilon must be a number, got {total_epsilon!r}")
+        if not math.isfinite(total_epsilon) or total_epsilon <= 0:
+            raise ValueError(f"total_epsilon must be a finite number > 0, got {total_epsilon}")
+        if isinstance(total_delta, bool) or not isinstance(total_delta, int | float | np.floating
+                                                            | np.integer):
+            raise ValueError(f"total_delta must be a number, got {total_delta!r}")
+        if not math.isfinite(total_delta) or not 0 <= total_delta < 1:
+            raise ValueError(f"total_delta must lie in [0, 1), got {total_delta}")
+        if accounting not in ("basic", "zcdp"):
+            raise ValueError(f"accounting must be 'basic' or 'zcdp', got {accounting!r}")
+        if accounting == "zcdp" and total_delta == 0:
+            raise ValueError("accounting='zcdp' needs total_delta > 0 (zCDP converts to "
+                             "(eps, delta)-DP only for delta > 0); use accounting='basic'")
+        self.total_epsilon = float(total_epsilon)
+        self.total_delta = float(total_delta)
+        self.accounting = accounting
+        self.total_rho = zcdp_budget(self.total_epsilon, self.total_delta) if accounting == "zcdp" \
+            else math.inf
+        self._history: list[Charge] = []
+        self._lock = threading.Lock()
+
+    # -- state -----------------------------------------------------------------------------------
+    @property
+    def history(self) -> list[Charge]:
+        """The charges so far, oldest first (a copy)."""
+        return list(self._history)
+
+    @property
+    def spent_epsilon(self) -> float:
+        """Epsilon spent: sum of eps (basic) or the conversion of the spent rho (zcdp)."""
+        if self.accounting == "zcdp":
+            return zcdp_to_dp_epsilon(self.spent_rho, self.total_delta)
+        return math.fsum(c.epsilon for c in self._history)
+
+    @property
+    def spent_delta(self) -> float:
+        """Delta spent: sum of delta (basic); total_delta once anything is spent (zcdp)."""
+        if self.accounting == "zcdp":
+            return self.total_delta if self._history else 0.0
+        return math.fsum(c.delta for c in self._history)
+
+    @property
+    def spent_rho(self) -> float:
+        """Sum of the releases' zCDP costs (meaningful for accounting="zcdp")."""
+        return math.fsum(c.rho for c in self._history)
+
+    @property
+    def remaining_epsilon(self) -> float:
+        """Epsilon a further pure-DP release may still use (zcdp: sqrt(2 remaining rho))."""
+        if self.accounting == "zcdp":
+            return math.sqrt(2.0 * self.remaining_rho)
+        return max(self.total_epsilon - self.spent_epsilon, 0.0)
+
+    @property
+    def remaining_delta(self) -> float:
+        """Delta still available (basic accounting; zcdp reports total_delta)."""
+        if self.accounting == "zcdp":
+            return self.total_delta
+        return max(self.total_delta - self.spent_delta, 0.0)
+
+    @property
+    def remaining_rho(self) -> float:
+        """zCDP budget left (accounting="zcdp"; inf under basic accounting)."""
+        return max(self.total_rho - self.spent_rho, 0.0)
+
+    def remaining(self) -> dict[str, float]:
+        """{"epsilon", "delta", "rho"} still available."""
+        return {"epsilon": self.remaining_epsilon, "delta": self.remaining_delta,
+                "rho": self.remaining_rho}
+
+    # -- charging --------------------------------------------------------------------------------
+    def _refusal(self, c: Charge) -> str | None:
+        """Why the charge would overspend (None if it fits)."""
+        if self.accounting == "zcdp":
+            if c.rho > self.remaining_rho + BUDGET_RTOL * self.total_rho:
+                return (f"requested rho={c.rho:.6g} (eps={c.epsilon:g}, delta={c.delta:g}, "
+                        f"{c.noise}) but remaining rho={self.remaining_rho:.6g} of total "
+                        f"rho={self.total_rho:.6g} for (eps={self.total_epsilon:g}, "
+                        f"delta={self.total_delta:g})")
+            return None
+        eps_ok = c.epsilon <= self.remaining_epsilon + BUDGET_RTOL * self.total_epsilon
+        delta_ok = c.delta <= self.remaining_delta + BUDGET_RTOL * max(self.total_delta,
+                                                                         np.finfo(float).tiny)
+        if c.delta > 0 and self.total_delta == 0:
+            delta_ok = False
+        if eps_ok and delta_ok:
+            return None
+        return (f"requested (eps={c.epsilon:g}, delta={c.delta:g}) but remaining "
+                f"(eps={self.remaining_epsilon:g}, delta={self.remaining_delta:g}) of total "
+                f"(eps={self.total_epsilon:g}, delta={self.total_delta:g})")
+
+    def can_afford(self, charge: Charge) -> bool:
+        """True if ``charge`` fits in the remaining budget."""
+        return self._refusal(charge) is None
+
+    def charge(self, charge: Charge) -> None:
+        """Record ``charge``, or raise BudgetExceededError and change nothing."""
+        if not isinstance(charge, Charge):
+            raise ValueError(f"expected a Charge, got {type(charge).__name__}")
+        with self._lock:
+            why = self._refusal(charge)
+            if why is not None:
+                raise BudgetExceededError(f"privacy budget exceeded, nothing released: {why}")
+            self._history.append(charge)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly state (totals, accounting, history)."""
+        return {"total_epsilon": self.total_epsilon, "total_delta": self.total_delta,
+                "accounting": self.accounting, "history": [asdict(c) for c in self._history]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PrivacyLedger:
+        """Inverse of ``to_dict`` (replays the history without re-checking it)."""
+        led = cls(d["total_epsilon"], d.get("total_delta", 0.0), d.get("accounting", "basic"))
+        led._history = [Charge(**c) for c in d.get("history", [])]
+        return led
+
+    def __repr__(self) -> str:
+        return (f"PrivacyLedger({self.accounting}: spent eps={self.spent_epsilon:.6g}, "
+                f"delta={self.spent_delta:.3g} of eps={self.total_epsilon:g}, "
+                f"delta={self.total_delta:g}; {len(self._history)} releases)")
+
+
+# -- release --------------------------------------------------------------------------------------
+def _noise_plan(strategy: Any, privacy: Privacy) -> tuple[str, float, float, Charge, Any]:
+    """(noise, sensitivity, scale, charge, OpenDP measurement) for one release; verifies privacy.
+
+    Laplace: scale b = sens1(A)/eps; OpenDP's certified epsilon at d_in = sens1 must not exceed
+    eps.  Gaussian: sigma = privacy's calibrated sigma for sens2(A); the exact Gaussian delta at
+    eps (Balle-Wang) for that sigma must not exceed delta, whatever calibration produced it.
+    """
+    eps, delta = float(privacy.epsilon), float(privacy.delta)
+    if not (math.isfinite(eps) and eps > 0):
+        raise ValueError(f"epsilon must be a finite number > 0, got {eps}")
+    if not (math.isfinite(delta) and 0 <= delta < 1):
+        raise ValueError(f"delta must lie in [0, 1), got {delta}")
+    if delta == 0:
+        sens = float(strategy.sens1)
+        scale = sens / eps
+        meas = _laplace_measurement(scale)
+        certified = float(meas.map(sens))
+        if certified > eps * (1 + BUDGET_RTOL) + 4 * np.finfo(float).eps * eps:
+            raise ReleaseUnavailableError(
+                f"OpenDP certifies eps={certified!r} for Laplace scale {scale!r} and sensitivity "
+                f"{sens!r}, more than the requested eps={eps!r}; nothing released"
+            )
+        eps_charged = max(certified, eps)
+        return "laplace", sens, scale, Charge(eps_charged, 0.0, eps_charged**2 / 2, "laplace"), meas
+    sens = float(strategy.sens2)
+    sigma = float(privacy.noise_scale(sens))
+    actual = gaussian_delta(sigma, sens, eps)
+    if actual > delta * (1 + 1e-9):
+        raise ValueError(
+            f"Gaussian sigma={sigma:.6g} for sens2={sens:.6g} gives delta={actual:.3g} at "
+            f"eps={eps:g}, more than the requested delta={delta:g} (the {privacy.calibration!r} "
+            "calibration is only valid for eps <= 1); use Privacy(..., calibration='analytic')"
+        )
+    meas = _gaussian_measurement(sigma)
+    rho = float(meas.map(sens))
+    return "gaussian", sens, sigma, Charge(eps, delta, rho, "gaussian"), meas
+
+
+def _dense_rows_sq(B: Any) -> np.ndarray:
+    if sp.issparse(B):
+        return np.asarray(B.multiply(B).sum(axis=1)).ravel()
+    B = np.asarray(B)
+    return np.einsum("ij,ij->i", B, B)
+
+
+def release(
+    mechanism_fitted: Any,
+    x: np.ndarray,
+    ledger: PrivacyLedger,
+    *,
+    labels: Sequence[str] | None = None,
+    domain: Any | None = None,
+    label: str = "",
+) -> pd.DataFrame:
+    """Publishable noisy answers to the fitted workload: B (A x + z), z from OpenDP.
+
+    mechanism_fitted: a fitted mechanism exposing ``strategy_`` (Strategy with A and B or
+    least-squares reconstruction), ``privacy_`` (Privacy) and ``workload_`` (Workload, m x n).
+    x: data vector (n,).  ledger: charged before any noise is drawn.  labels: m query labels
+    (default the workload's row labels).  domain: the Domain x was built over; if given, the
+    workload must be bound to the same one.
+
+    Returns a DataFrame with one row per query: query, answer, std (standard deviation of that
+    answer's noise), noise ("laplace"/"gaussian"), noise_scale (Laplace b = sens1/eps or Gaussian
+    sigma, per measurement), mode ("release"), mechanism, epsilon, delta.
+    """
+    for attr in ("strategy_", "privacy_", "workload_"):
+        if not hasattr(mechanism_fitted, attr):
+            raise ValueError(f"release needs a fitted mechanism with {attr}; call fit(workload, "
+                             "privacy) first")
+    if not isinstance(ledger, PrivacyLedger):
+        raise ValueError(f"ledger must be a PrivacyLedger, got {type(ledger).__name__}")
+    strategy = mechanism_fitted.strategy_
+    privacy = mechanism_fitted.privacy_
+    workload = mechanism_fitted.workload_
+    if domain is not None:
+        check_domain(workload, domain)
+    m, n = workload.shape
+    x = check_finite_vector(x, "data vector x", n)
+    if labels is None:
+        labels = workload.row_labels()
+    labels = [str(s) for s in labels]
+    if len(labels) != m:
+        raise ValueError(f"labels has {len(labels)} entries but the workload has {m} queries")
+    strategy.check_supports(workload, getattr(mechanism_fitted, "support_rtol", 1e-8))
+    B = strategy.reconstruct(workload)
+    Ax = np.asarray(strategy.A @ x, dtype=float).ravel()
+
+    noise, _sens, scale, cost, meas = _noise_plan(strategy, privacy)
+    name = getattr(mechanism_fitted, "short_name", type(mechanism_fitted).__name__)
+    cost = Charge(cost.epsilon, cost.delta, cost.rho, cost.noise,
+                  label or f"{name} on {workload.name}")
+    ledger.charge(cost)  # raises BudgetExceededError before any noise is drawn
+
+    y = np.asarray(meas(_values(Ax)), dtype=float)
+    answers = np.asarray(B @ y, dtype=float).ravel()
+    std_one = scale * math.sqrt(2.0) if noise == "laplace" else scale
+    std = std_one * np.sqrt(_dense_rows_sq(B))
+    out = pd.DataFrame({
+        "query": labels,
+        "answer": answers,
+        "std": std,
+        "noise": noise,
+        "noise_scale": scale,
+        "mode": RELEASE,
+        "mechanism": name,
+        "epsilon": float(privacy.epsilon),
+        "delta": float(privacy.delta),
+    })
+    out.attrs.update({"mode": RELEASE, "strategy": getattr(strategy, "name", ""),
+                      "workload": workload.name, "ledger": repr(ledger)})
+    return out

@@ -1,0 +1,330 @@
+"""Release mode: OpenDP samplers, the privacy ledger, labelled releases end to end (dpopt.release)."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from dpopt.data import Domain, IntegerRange, histogram
+from dpopt.mechanisms import make_mechanism
+from dpopt.privacy import Privacy
+from dpopt.queries import (
+    Between,
+    DomainMismatchError,
+    Equals,
+    In,
+    identity_workload,
+    marginal_workload,
+    predicate_workload,
+    stack_workloads,
+)
+from dpopt.release import (
+    BudgetExceededError,
+    Charge,
+    PrivacyLedger,
+    ReleaseUnavailableError,
+    gaussian_delta,
+    release,
+    secure_gaussian,
+    secure_laplace,
+    zcdp_budget,
+    zcdp_to_dp_epsilon,
+)
+from dpopt.strategy import Strategy
+
+ADULT = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "adult"
+COLUMNS = ["query", "answer", "std", "noise", "noise_scale", "mode", "mechanism", "epsilon",
+           "delta"]
+KS_ALPHA = 1e-6  # a correct sampler fails the KS check with probability 1e-6
+
+
+def _ks_critical(n: int) -> float:
+    return float(stats.kstwo.ppf(1 - KS_ALPHA, n))
+
+
+def _state(led: PrivacyLedger) -> tuple:
+    return (led.history, led.spent_epsilon, led.spent_delta, led.remaining())
+
+
+# -- samplers -------------------------------------------------------------------------------------
+def test_laplace_sampler_distribution() -> None:
+    b, N = 2.5, 40_000
+    z = secure_laplace(np.zeros(N), b)
+    crit = _ks_critical(N)
+    assert stats.kstest(z, stats.laplace(scale=b).cdf).statistic < crit
+    # The check can fail: a 15% wrong scale is rejected at this sample size.
+    assert stats.kstest(z, stats.laplace(scale=1.15 * b).cdf).statistic > crit
+    se = math.sqrt(5.0 / N)  # relative s.e. of a Laplace sample variance: (mu4/sigma^4 - 1) = 5
+    assert abs(z.var() / (2 * b**2) - 1) < 6 * se
+    shifted = secure_laplace(np.full(1000, 1e6), b)
+    assert abs(np.median(shifted) - 1e6) < 1.0
+
+
+def test_gaussian_sampler_distribution() -> None:
+    sigma, N = 3.0, 15_000
+    z = secure_gaussian(np.zeros(N), sigma)
+    crit = _ks_critical(N)
+    assert stats.kstest(z, stats.norm(scale=sigma).cdf).statistic < crit
+    assert stats.kstest(z, stats.norm(scale=1.2 * sigma).cdf).statistic > crit
+    assert abs(z.var() / sigma**2 - 1) < 6 * math.sqrt(2.0 / N)
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, math.nan, math.inf])
+def test_sampler_scale_validated(bad: float) -> None:
+    with pytest.raises(ValueError, match="must be a finite number > 0"):
+        secure_laplace(np.zeros(3), bad)
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        secure_gaussian(np.array([1.0, math.nan]), 1.0)
+
+
+def test_fail_closed_without_opendp(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "opendp.prelude", None)  # makes the import fail
+    with pytest.raises(ReleaseUnavailableError, match="refuses to fall back to numpy"):
+        secure_laplace(np.zeros(3), 1.0)
+    dom = Domain([IntegerRange("a", 0, 3)])
+    mech = make_mechanism("identity").fit(identity_workload(dom), Privacy(1.0))
+    led = PrivacyLedger(1.0)
+    with pytest.raises(ReleaseUnavailableError):
+        release(mech, np.ones(4), led)
+    assert led.history == [] and led.remaining_epsilon == 1.0
+
+
+# -- privacy arithmetic ---------------------------------------------------------------------------
+def test_gaussian_delta_matches_calibration() -> None:
+    # The analytic calibration is the smallest sigma with delta(sigma) <= delta: a slightly
+    # smaller sigma must overshoot.
+    p = Privacy(1.0, 1e-6, calibration="analytic")
+    s = p.noise_scale(1.0)
+    assert gaussian_delta(s, 1.0, 1.0) <= 1e-6 < gaussian_delta(0.99 * s, 1.0, 1.0)
+    # Independent check by numerical integration of the privacy-loss tail at one point.
+    sigma, eps = 2.0, 0.5
+    mu = 1.0 / (2 * sigma**2)  # privacy loss ~ N(mu, 2 mu) for sens 1 (Balle-Wang Lemma 3)
+    loss = stats.norm(mu, math.sqrt(2 * mu))
+    direct = loss.sf(eps) - math.exp(eps) * stats.norm(-mu, math.sqrt(2 * mu)).sf(eps)
+    assert gaussian_delta(sigma, 1.0, eps) == pytest.approx(direct, rel=1e-9)
+
+
+def test_zcdp_conversion_and_budget() -> None:
+    for eps, delta in [(1.0, 1e-5), (0.1, 1e-9), (8.0, 1e-3)]:
+        rho = zcdp_budget(eps, delta)
+        assert zcdp_to_dp_epsilon(rho, delta) == pytest.approx(eps, rel=1e-12)
+    # OpenDP's own zCDP -> (eps, delta) conversion is at least as tight as ours.
+    import opendp.prelude as dp
+
+    dp.enable_features("contrib")
+    space = dp.vector_domain(dp.atom_domain(T=float, nan=False)), dp.l2_distance(T=float)
+    meas = dp.m.make_gaussian(*space, scale=3.0)
+    rho = meas.map(1.0)
+    assert rho == pytest.approx(1 / 18, rel=1e-12)
+    theirs = dp.c.make_zCDP_to_approxDP(meas).map(1.0).epsilon(1e-6)
+    ours = zcdp_to_dp_epsilon(rho, 1e-6)
+    assert theirs <= ours <= 1.5 * theirs
+
+
+# -- ledger ---------------------------------------------------------------------------------------
+def test_basic_ledger_refuses_overspend_and_keeps_state() -> None:
+    led = PrivacyLedger(1.0, 1e-6)
+    led.charge(Charge(0.1, 0.0, 0.005, "laplace"))
+    led.charge(Charge(0.2, 0.0, 0.02, "laplace"))  # 0.1 + 0.2 > 0.3 in binary, still fine
+    led.charge(Charge(0.5, 5e-7, 0.01, "gaussian"))
+    before = _state(led)
+    with pytest.raises(BudgetExceededError,
+                       match=r"requested \(eps=0.3, delta=0\) but remaining \(eps=0.2"):
+        led.charge(Charge(0.3, 0.0, 0.045, "laplace"))
+    assert _state(led) == before
+    with pytest.raises(BudgetExceededError, match="delta=6e-07"):
+        led.charge(Charge(0.1, 6e-7, 0.001, "gaussian"))
+    assert _state(led) == before
+    led.charge(Charge(0.2, 5e-7, 0.001, "gaussian"))  # exactly the rest
+    assert led.remaining_epsilon == pytest.approx(0.0, abs=1e-12)
+    with pytest.raises(BudgetExceededError):
+        led.charge(Charge(1e-6, 0.0, 0.0, "laplace"))
+    assert len(led.history) == 4
+    again = PrivacyLedger.from_dict(led.to_dict())
+    assert again.history == led.history and again.spent_epsilon == led.spent_epsilon
+
+
+def test_pure_ledger_refuses_any_delta() -> None:
+    led = PrivacyLedger(5.0)
+    with pytest.raises(BudgetExceededError, match="delta=1e-09"):
+        led.charge(Charge(0.1, 1e-9, 0.0, "gaussian"))
+
+
+def test_zcdp_ledger_composes_gaussians_better_than_basic() -> None:
+    total_eps, total_delta = 1.0, 1e-6
+    zled = PrivacyLedger(total_eps, total_delta, accounting="zcdp")
+    bled = PrivacyLedger(total_eps, total_delta)
+    sigma, sens = 20.0, 1.0
+    rho = sens**2 / (2 * sigma**2)
+    eps_each = zcdp_to_dp_epsilon(rho, total_delta / 100)
+    n_ok = 0
+    while zled.can_afford(Charge(eps_each, total_delta / 100, rho, "gaussian")):
+        zled.charge(Charge(eps_each, total_delta / 100, rho, "gaussian"))
+        n_ok += 1
+    assert n_ok == math.floor(zcdp_budget(total_eps, total_delta) / rho + 1e-9)
+    assert zled.spent_epsilon <= total_eps * (1 + 1e-12)
+    before = _state(zled)
+    with pytest.raises(BudgetExceededError, match=r"requested rho=.* but remaining rho="):
+        zled.charge(Charge(eps_each, 0.0, rho, "gaussian"))
+    assert _state(zled) == before
+    n_basic = 0
+    while bled.can_afford(Charge(eps_each, total_delta / 100, rho, "gaussian")):
+        bled.charge(Charge(eps_each, total_delta / 100, rho, "gaussian"))
+        n_basic += 1
+    assert n_ok > 2 * n_basic
+
+
+@pytest.mark.parametrize(
+    ("args", "pattern"),
+    [
+        ((-1.0,), "total_epsilon must be a finite number > 0"),
+        ((0.0,), "total_epsilon must be a finite number > 0"),
+        ((math.inf,), "total_epsilon must be a finite number > 0"),
+        ((1.0, 1.0), r"total_delta must lie in \[0, 1\)"),
+        ((1.0, -1e-9), r"total_delta must lie in \[0, 1\)"),
+        ((1.0, 0.0, "zcdp"), "needs total_delta > 0"),
+        ((1.0, 0.0, "renyi"), "accounting must be 'basic' or 'zcdp'"),
+    ],
+)
+def test_ledger_rejects_bad_budgets(args: tuple, pattern: str) -> None:
+    with pytest.raises(ValueError, match=pattern):
+        PrivacyLedger(*args)
+
+
+# -- release --------------------------------------------------------------------------------------
+@pytest.fixture
+def small() -> tuple[Domain, np.ndarray]:
+    dom = Domain([IntegerRange("age", 0, 9), IntegerRange("sex", 0, 1)])
+    rng = np.random.default_rng(3)
+    df = pd.DataFrame({"age": rng.integers(0, 10, 400), "sex": rng.integers(0, 2, 400)})
+    return dom, histogram(df, dom)[0]
+
+
+def test_release_scale_is_sens1_over_eps_for_the_strategy_used(small) -> None:
+    dom, x = small
+    W = stack_workloads([marginal_workload(dom, ["age"]), marginal_workload(dom, ["sex"])])
+    for name in ("identity", "laplace", "hierarchical"):
+        mech = make_mechanism(name).fit(W, Privacy(0.5))
+        led = PrivacyLedger(0.5)
+        out = release(mech, x, led, domain=dom)
+        A = mech.strategy_.A
+        A = A.toarray() if hasattr(A, "toarray") else A
+        sens1 = np.abs(A).sum(axis=0).max()
+        assert list(out.columns) == COLUMNS
+        assert (out["noise_scale"] == sens1 / 0.5).all()
+        B = mech.strategy_.reconstruct(W)
+        B = B.toarray() if hasattr(B, "toarray") else np.asarray(B)
+        np.testing.assert_allclose(out["std"], math.sqrt(2) * sens1 / 0.5 * np.linalg.norm(B, axis=1))
+        np.testing.assert_allclose(out["std"] ** 2, mech.expected_error_.per_query, rtol=1e-9)
+        assert (out["mode"] == "release").all() and (out["mechanism"] == name).all()
+        assert out["query"].tolist() == W.row_labels()
+        assert led.remaining_epsilon == pytest.approx(0.0, abs=1e-12)
+
+
+def test_release_gaussian_scale_is_calibrated_sigma(small) -> None:
+    dom, x = small
+    W = marginal_workload(dom, ["age"])
+    priv = Privacy(1.0, 1e-6, calibration="analytic")
+    mech = make_mechanism("hierarchical").fit(W, priv)
+    # One Gaussian release calibrated exactly to (1, 1e-6) costs more than the zCDP budget of
+    # (1, 1e-6) (the zCDP conversion is loose); zCDP pays off over many releases.
+    led = PrivacyLedger(3.0, 1e-6, accounting="zcdp")
+    out = release(mech, x, led)
+    sens2 = mech.strategy_.sens2
+    sigma = priv.noise_scale(sens2)
+    assert (out["noise_scale"] == sigma).all() and (out["noise"] == "gaussian").all()
+    assert gaussian_delta(sigma, sens2, 1.0) <= 1e-6
+    assert led.spent_rho == pytest.approx(sens2**2 / (2 * sigma**2), rel=1e-12)
+    np.testing.assert_allclose(out["std"] ** 2, mech.expected_error_.per_query, rtol=1e-9)
+
+
+def test_release_noise_is_laplace_end_to_end() -> None:
+    n, eps = 1000, 0.25
+    dom = Domain([IntegerRange("v", 0, n - 1)])
+    x = np.arange(n, dtype=float)
+    mech = make_mechanism("laplace").fit(identity_workload(dom), Privacy(eps))
+    out = release(mech, x, PrivacyLedger(eps))
+    z = out["answer"].to_numpy() - x  # A = W = I, B = I: the answers carry the raw noise
+    assert stats.kstest(z, stats.laplace(scale=1 / eps).cdf).statistic < _ks_critical(n)
+    assert stats.kstest(z, stats.laplace(scale=2.5 / eps).cdf).statistic > _ks_critical(n)
+
+
+def test_release_refuses_undercalibrated_gaussian(small) -> None:
+    dom, x = small
+    W = marginal_workload(dom, ["sex"])
+    strat = Strategy(np.eye(dom.size))
+    bad = SimpleNamespace(epsilon=1.0, delta=1e-5, calibration="custom",
+                          noise_scale=lambda s: 1.0 * s)
+    mech = SimpleNamespace(strategy_=strat, privacy_=bad, workload_=W, short_name="custom")
+    led = PrivacyLedger(1.0, 1e-5)
+    with pytest.raises(ValueError, match=r"gives delta=.* more than the requested delta=1e-05"):
+        release(mech, x, led)
+    assert led.history == []
+
+
+def test_release_bad_inputs_change_nothing(small) -> None:
+    dom, x = small
+    W = marginal_workload(dom, ["age"])
+    mech = make_mechanism("identity").fit(W, Privacy(1.0))
+    led = PrivacyLedger(1.0)
+    other = Domain([IntegerRange("age", 1, 10), IntegerRange("sex", 0, 1)])
+    cases = [
+        (lambda: release(mech, x[:-1], led), r"length 19, expected 20"),
+        (lambda: release(mech, np.r_[np.nan, x[1:]], led), "NaN"),
+        (lambda: release(mech, x, led, domain=other), "is over Domain"),
+        (lambda: release(mech, x, led, labels=["a"]), "labels has 1 entries"),
+        (lambda: release(make_mechanism("identity"), x, led), "fitted mechanism with strategy_"),
+        (lambda: release(mech, x, {"eps": 1}), "ledger must be a PrivacyLedger"),
+    ]
+    for call, pattern in cases:
+        with pytest.raises(ValueError, match=pattern):
+            call()
+    with pytest.raises(DomainMismatchError):
+        release(mech, x, led, domain=other)
+    neg = SimpleNamespace(strategy_=mech.strategy_, workload_=W,
+                          privacy_=SimpleNamespace(epsilon=-1.0, delta=0.0))
+    with pytest.raises(ValueError, match="epsilon must be a finite number > 0, got -1.0"):
+        release(neg, x, led)
+    with pytest.raises(ValueError, match="epsilon must be a finite number > 0"):
+        Privacy(-1.0)
+    assert led.history == [] and led.remaining_epsilon == 1.0
+
+
+def test_adult_end_to_end_release_then_refusal() -> None:
+    csv = ADULT / "adult.csv"
+    if not csv.exists():
+        pytest.skip("../shared/data/adult not available")
+    df = pd.read_csv(csv)
+    dom = Domain.from_json(ADULT / "adult-domain.json").project(["age", "race", "sex"])
+    x, report = histogram(df, dom)
+    assert report.n_counted == 48842
+    W = stack_workloads([
+        predicate_workload(dom, {
+            "women in their twenties": Between("age", 20, 29) & Equals("sex", 0),
+            "race 0 or 1": In("race", [0, 1]),
+        }),
+        marginal_workload(dom, ["sex"]),
+    ])
+    mech = make_mechanism("hierarchical").fit(W, Privacy(0.5))
+    ledger = PrivacyLedger(0.8)
+    out = release(mech, x, ledger, domain=dom)
+    assert out["query"].tolist() == ["women in their twenties", "race 0 or 1", "sex=0", "sex=1"]
+    truth = np.array([
+        (df.age.between(20, 29) & (df.sex == 0)).sum(), df.race.isin([0, 1]).sum(),
+        (df.sex == 0).sum(), (df.sex == 1).sum()])
+    assert np.all(np.abs(out["answer"].to_numpy() - truth) < 12 * out["std"].to_numpy())
+    assert (out["noise_scale"] == mech.strategy_.sens1 / 0.5).all()
+    assert (out["mode"] == "release").all()
+    # The same release again would spend 1.0 > 0.8: refused, nothing released, budget unchanged.
+    before = _state(ledger)
+    with pytest.raises(BudgetExceededError, match=r"requested \(eps=0.5.*remaining \(eps=0.3"):
+        release(mech, x, ledger, domain=dom)
+    assert _state(ledger) == before
+    assert ledger.remaining_epsilon == pytest.approx(0.3)
