@@ -1,0 +1,376 @@
+"""`dpopt answer`: private answers to counting queries on a CSV file (or the embedded dataset).
+
+``add_answer_parser(subparsers)`` adds the subcommand to an argparse parser and ``answer_command``
+runs it; ``main(argv)`` runs it on its own (``python -m dpopt.release_cli ...``).  The steps:
+read the table -> Domain -> histogram x -> workload from the spec -> fit the mechanism -> release
+through OpenDP charged to a privacy ledger -> CSV of labelled answers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from dpopt.data import Attribute, Categorical, Domain, IntegerRange, NumericBins, histogram
+from dpopt.queries import (
+    And,
+    Between,
+    Condition,
+    Equals,
+    In,
+    identity_workload,
+    marginal_workload,
+    marginals_workload,
+    predicate_workload,
+    range_workload,
+    stack_workloads,
+    total_workload,
+)
+
+__all__ = ["add_answer_parser", "answer_command", "parse_domain", "parse_workload", "main"]
+
+DEFAULT_FAIR_DOMAIN = "fair:rate_marriage,religious,children"
+
+# Exit statuses (documented in --help).
+EXIT_OK = 0
+EXIT_BAD_INPUT = 2
+EXIT_BUDGET = 3
+EXIT_UNAVAILABLE = 4
+
+DESCRIPTION = """\
+Answer a batch of counting queries on a table with differential privacy and write the noisy,
+labelled answers to a CSV file.  Noise is drawn by OpenDP's secure samplers (release mode) and the
+privacy cost is charged to a budget ledger; a release that would overspend is refused.
+
+Without --data the embedded Fair (1978) survey (6,366 rows, shipped with statsmodels) is used.
+"""
+
+EPILOG = f"""\
+domain SPEC (which columns, and which values each may take):
+  FILE.json                 Adult-style sizes {{"age": 85, "sex": 2}}: integer codes 0..k-1
+  FILE.json:age,sex         the same, keeping only the listed columns
+  fair[:col,...]            the embedded dataset's documented domain (default {DEFAULT_FAIR_DOMAIN})
+  inline, ';'-separated     age=int:17..90;sex=cat:Female|Male;income=bins:0|10000|50000|inf
+                            (int: inclusive integer range; cat: categories; bins: edges, the last
+                            bin closed, inf allowed)
+
+workload SPEC (';'-separated parts, answered together):
+  total | identity          the row count | every cell
+  marginal:a,b              counts for every combination of a and b
+  marginals:K               all K-way marginals
+  range:age                 all ranges lo..hi of an ordinal column
+  predicate:COND            one count; COND is terms joined by '&':
+                            col=v (equals), col=v1|v2 (in), col=lo..hi (between, inclusive)
+  e.g.  --workload "marginal:sex;predicate:age=20..29&sex=Female;range:age"
+
+output CSV columns: query, answer, std (noise std of that answer), noise (laplace|gaussian),
+noise_scale (per measurement: b = sens1/eps or sigma), mode (=release), mechanism, epsilon, delta.
+
+privacy: --delta 0 (default) gives eps-DP with Laplace noise; --delta > 0 gives (eps, delta)-DP with
+Gaussian noise.  --ledger FILE keeps the budget across runs: created with --budget-epsilon/
+--budget-delta (default: this release's eps, delta), charged on every release, never overspent.
+
+exit status: {EXIT_OK} answers written; {EXIT_BAD_INPUT} bad input (one-line reason on stderr);
+{EXIT_BUDGET} privacy budget exceeded (nothing released); {EXIT_UNAVAILABLE} OpenDP unavailable.
+
+example:
+  dpopt answer --data adult.csv --domain adult-domain.json:age,sex,race \\
+      --workload "marginal:sex,race;range:age" --epsilon 1 --mechanism hierarchical --out ans.csv
+"""
+
+
+class CliError(ValueError):
+    """Bad command-line input; reported as one line with exit status 2."""
+
+
+# -- specs ----------------------------------------------------------------------------------------
+def _split_names(text: str) -> list[str]:
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    if not names:
+        raise CliError(f"expected a comma-separated list of columns, got {text!r}")
+    return names
+
+
+def _inline_attribute(term: str) -> Attribute:
+    if "=" not in term or ":" not in term.split("=", 1)[1]:
+        raise CliError(f"domain term {term!r} must look like name=int:LO..HI, name=cat:A|B or "
+                       "name=bins:E0|E1|...")
+    name, rest = term.split("=", 1)
+    kind, body = rest.split(":", 1)
+    name, kind = name.strip(), kind.strip()
+    try:
+        if kind == "int":
+            lo, hi = body.split("..")
+            return IntegerRange(name, int(lo), int(hi))
+        if kind == "cat":
+            return Categorical(name, [v.strip() for v in body.split("|")])
+        if kind == "bins":
+            return NumericBins(name, [float(v) for v in body.split("|")])
+    except ValueError as exc:
+        raise CliError(f"domain term {term!r}: {exc}") from None
+    raise CliError(f"domain term {term!r}: kind must be int, cat or bins, got {kind!r}")
+
+
+def parse_domain(spec: str) -> Domain:
+    """Domain from a SPEC string (see ``dpopt answer --help``)."""
+    spec = spec.strip()
+    if spec == "fair" or spec.startswith("fair:"):
+        from dpopt.datasets import fair_domain
+
+        return fair_domain(None if spec == "fair" else _split_names(spec[5:]))
+    path, _, cols = spec.partition(".json")
+    if _:
+        file = path + ".json"
+        if not Path(file).is_file():
+            raise CliError(f"domain file {file!r} not found")
+        dom = Domain.from_json(file)
+        if cols:
+            if not cols.startswith(":"):
+                raise CliError(f"domain spec {spec!r}: expected FILE.json or FILE.json:col1,col2")
+            dom = dom.project(_split_names(cols[1:]))
+        return dom
+    return Domain([_inline_attribute(t) for t in spec.split(";") if t.strip()])
+
+
+def _value(attr: Attribute, token: str) -> Any:
+    """The level of ``attr`` written as ``token`` on the command line."""
+    token = token.strip()
+    if isinstance(attr, IntegerRange):
+        try:
+            return int(token)
+        except ValueError:
+            raise CliError(f"column {attr.name!r}: {token!r} is not an integer; expected "
+                           f"{attr.expected()}") from None
+    if isinstance(attr, NumericBins):
+        try:
+            return float(token)
+        except ValueError:
+            raise CliError(f"column {attr.name!r}: {token!r} is not a number") from None
+    for code in range(attr.n_regular):
+        level = attr.value_of(code)
+        if str(level) == token:
+            return level
+        try:
+            if float(token) == float(level):
+                return level
+        except (TypeError, ValueError):
+            pass
+    raise CliError(f"column {attr.name!r}: {token!r} is not a level; expected {attr.expected()}")
+
+
+def _condition(domain: Domain, text: str) -> Condition:
+    parts: list[Condition] = []
+    for term in text.split("&"):
+        if "=" not in term:
+            raise CliError(f"predicate term {term!r} must look like col=v, col=v1|v2 or col=lo..hi")
+        name, rhs = (t.strip() for t in term.split("=", 1))
+        try:
+            attr = domain.attribute(name)
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
+        if ".." in rhs:
+            lo, hi = rhs.split("..", 1)
+            parts.append(Between(name, _value(attr, lo), _value(attr, hi)))
+        elif "|" in rhs:
+            parts.append(In(name, [_value(attr, v) for v in rhs.split("|")]))
+        else:
+            parts.append(Equals(name, _value(attr, rhs)))
+    return parts[0] if len(parts) == 1 else And(*parts)
+
+
+def parse_workload(spec: str, domain: Domain) -> Any:
+    """Workload (bound to ``domain``) from a SPEC string (see ``dpopt answer --help``)."""
+    pieces = []
+    for part in (p.strip() for p in spec.split(";")):
+        if not part:
+            continue
+        kind, _, arg = part.partition(":")
+        kind = kind.strip()
+        if kind == "total":
+            pieces.append(total_workload(domain))
+        elif kind == "identity":
+            pieces.append(identity_workload(domain))
+        elif kind == "marginal":
+            pieces.append(marginal_workload(domain, _split_names(arg)))
+        elif kind == "marginals":
+            try:
+                k = int(arg)
+            except ValueError:
+                raise CliError(f"marginals:K needs an integer K, got {arg!r}") from None
+            pieces.append(marginals_workload(domain, k))
+        elif kind == "range":
+            pieces.append(range_workload(domain, arg.strip()))
+        elif kind == "predicate":
+            pieces.append(predicate_workload(domain, [_condition(domain, arg)]))
+        else:
+            raise CliError(f"workload part {part!r}: expected total, identity, marginal:COLS, "
+                           "marginals:K, range:COL or predicate:COND")
+    if not pieces:
+        raise CliError(f"workload spec {spec!r} is empty")
+    return pieces[0] if len(pieces) == 1 else stack_workloads(pieces, name=spec)
+
+
+# -- the subcommand -------------------------------------------------------------------------------
+def add_answer_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the `answer` subcommand to an argparse subparsers object; returns its parser."""
+    p = subparsers.add_parser(
+        "answer", help="private answers to counting queries on a CSV (release mode)",
+        description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", metavar="FILE.csv",
+                   help="input table (header row; one record per row); default: embedded 'fair'")
+    p.add_argument("--domain", metavar="SPEC",
+                   help=f"columns and their values (see below); default with no --data: "
+                        f"{DEFAULT_FAIR_DOMAIN}")
+    p.add_argument("--workload", metavar="SPEC", default="marginals:1",
+                   help="queries to answer (see below); default: marginals:1")
+    p.add_argument("--epsilon", metavar="E", type=float, required=True,
+                   help="privacy parameter epsilon > 0 of this release")
+    p.add_argument("--delta", metavar="D", type=float, default=0.0,
+                   help="privacy parameter delta in [0, 1); 0 (default) means Laplace noise")
+    p.add_argument("--calibration", choices=("classic", "analytic"), default="analytic",
+                   help="Gaussian noise calibration when delta > 0 (default: analytic)")
+    p.add_argument("--mechanism", metavar="NAME", default="identity",
+                   help="strategy selection: a name from dpopt's mechanism registry "
+                        "(default: identity)")
+    p.add_argument("--out", metavar="answers.csv", default="-",
+                   help="output CSV ('-' for standard output, the default)")
+    p.add_argument("--on-invalid", choices=("error", "drop", "bucket"), default="error",
+                   help="rows with missing or out-of-domain values: stop (default) or drop them")
+    p.add_argument("--ledger", metavar="FILE.json",
+                   help="privacy budget file kept across runs (created if absent)")
+    p.add_argument("--budget-epsilon", type=float, metavar="E",
+                   help="total epsilon of a new ledger (default: --epsilon)")
+    p.add_argument("--budget-delta", type=float, metavar="D",
+                   help="total delta of a new ledger (default: --delta)")
+    p.add_argument("--accounting", choices=("basic", "zcdp"), default="basic",
+                   help="composition rule of a new ledger (default: basic)")
+    p.add_argument("--quiet", action="store_true", help="no progress messages on stderr")
+    p.set_defaults(func=answer_command)
+    return p
+
+
+def _say(args: argparse.Namespace, msg: str) -> None:
+    if not getattr(args, "quiet", False):
+        print(f"dpopt answer: {msg}", file=sys.stderr, flush=True)
+
+
+def _load_table(args: argparse.Namespace) -> tuple[pd.DataFrame, Domain]:
+    if args.data is None:
+        from dpopt.datasets import load_fair
+
+        _say(args, "no --data: using the embedded Fair (1978) survey from statsmodels")
+        df = load_fair()
+        dom = parse_domain(args.domain or DEFAULT_FAIR_DOMAIN)
+        return df, dom
+    if args.domain is None:
+        raise CliError("--domain SPEC is required with --data (which columns and values to use)")
+    if not Path(args.data).is_file():
+        raise CliError(f"data file {args.data!r} not found")
+    dom = parse_domain(args.domain)
+    # Strings keep category labels intact; numeric attributes convert them themselves.
+    df = pd.read_csv(args.data, dtype=str)
+    return df, dom
+
+
+def _ledger(args: argparse.Namespace) -> Any:
+    from dpopt.release import PrivacyLedger
+
+    eps = args.budget_epsilon if args.budget_epsilon is not None else args.epsilon
+    delta = args.budget_delta if args.budget_delta is not None else args.delta
+    if args.ledger and Path(args.ledger).is_file():
+        try:
+            with open(args.ledger, encoding="utf-8") as fh:
+                led = PrivacyLedger.from_dict(json.load(fh))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise CliError(f"ledger file {args.ledger!r} is unreadable: {exc}") from None
+        for given, stored, what in ((args.budget_epsilon, led.total_epsilon, "epsilon"),
+                                    (args.budget_delta, led.total_delta, "delta")):
+            if given is not None and given != stored:
+                raise CliError(f"ledger {args.ledger!r} already has total {what} {stored:g}; "
+                               f"--budget-{what} {given:g} cannot change it")
+        return led
+    return PrivacyLedger(eps, delta, accounting=args.accounting)
+
+
+def _save_ledger(path: str, ledger: Any) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(ledger.to_dict(), fh, indent=2)
+    os.replace(tmp, path)
+
+
+def answer_command(args: argparse.Namespace) -> int:
+    """Run `dpopt answer`; returns the exit status (0 ok, 2 bad input, 3 budget, 4 no OpenDP)."""
+    from dpopt.mechanisms import make_mechanism
+    from dpopt.privacy import Privacy
+    from dpopt.release import (
+        BudgetExceededError,
+        ReleaseUnavailableError,
+        release,
+        require_opendp,
+    )
+
+    try:
+        privacy = Privacy(args.epsilon, args.delta, calibration=args.calibration)
+        mech = make_mechanism(args.mechanism)
+        require_opendp()  # fail before the (possibly long) fit, not after it
+        ledger = _ledger(args)
+        df, dom = _load_table(args)
+        x, report = histogram(df, dom, on_invalid=args.on_invalid)
+        _say(args, f"domain {dom!r} ({dom.size} cells); {report.summary()}")
+        workload = parse_workload(args.workload, dom)
+        m, n = workload.shape
+        _say(args, f"fitting {args.mechanism} on {m} queries x {n} cells ...")
+        t0 = time.perf_counter()
+        mech.fit(workload, privacy)
+        info = getattr(mech, "fit_info_", None)
+        status = f", {info.status}" if info is not None else ""
+        _say(args, f"fitted in {time.perf_counter() - t0:.2f} s{status}")
+        answers = release(mech, x, ledger, domain=dom)
+    except BudgetExceededError as exc:
+        print(f"dpopt answer: {exc}", file=sys.stderr)
+        return EXIT_BUDGET
+    except ReleaseUnavailableError as exc:
+        print(f"dpopt answer: {exc}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    except (ValueError, OSError, KeyError) as exc:
+        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        print(f"dpopt answer: error: {msg}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if args.ledger:
+        _save_ledger(args.ledger, ledger)
+    try:
+        answers.to_csv(sys.stdout if args.out == "-" else args.out, index=False)
+    except BrokenPipeError:  # e.g. piped into `head`; the release itself is complete
+        return EXIT_OK
+    except OSError as exc:
+        print(f"dpopt answer: error: cannot write {args.out!r}: {exc} (the release was charged "
+              "to the ledger)", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    rem = ledger.remaining()
+    _say(args, f"released {len(answers)} answers (mode=release) to {args.out}; budget left: "
+               f"eps={rem['epsilon']:.6g}, delta={rem['delta']:.3g}"
+               + (f" (rho={rem['rho']:.6g})" if math.isfinite(rem["rho"]) else ""))
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Stand-alone entry point: ``python -m dpopt.release_cli answer ...``."""
+    parser = argparse.ArgumentParser(prog="dpopt")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_answer_parser(sub)
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,139 @@
+"""`dpopt answer` (dpopt.release_cli): specs, exit statuses, one-line errors, the ledger file."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dpopt.data import Categorical, IntegerRange, NumericBins
+from dpopt.release_cli import CliError, main, parse_domain, parse_workload
+
+ADULT = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "adult"
+COLUMNS = "query,answer,std,noise,noise_scale,mode,mechanism,epsilon,delta"
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    rc = main(["answer", "--quiet", *argv])
+    cap = capsys.readouterr()
+    return rc, cap.out, cap.err
+
+
+@pytest.fixture
+def people(tmp_path: Path) -> Path:
+    rng = np.random.default_rng(0)
+    df = pd.DataFrame({"age": rng.integers(18, 60, 300), "sex": rng.choice(["F", "M"], 300),
+                       "income": rng.uniform(0, 9e4, 300)})
+    f = tmp_path / "people.csv"
+    df.to_csv(f, index=False)
+    return f
+
+
+SPEC = "age=int:18..59;sex=cat:F|M;income=bins:0|20000|50000|inf"
+
+
+def test_parse_specs() -> None:
+    dom = parse_domain(SPEC)
+    assert dom.attributes == (IntegerRange("age", 18, 59), Categorical("sex", ["F", "M"]),
+                              NumericBins("income", [0, 20000, 50000, np.inf]))
+    W = parse_workload("marginal:sex;predicate:age=20..29&sex=F;range:income;total", dom)
+    assert W.row_labels()[:3] == ["sex=F", "sex=M", "20 <= age <= 29 & sex=F"]
+    assert W.row_labels()[-1] == "total" and W.shape == (2 + 1 + 6 + 1, dom.size)
+    assert parse_workload("predicate:sex=F|M", dom).row_labels() == ["sex in {F, M}"]
+    fair = parse_domain("fair:children,age")
+    assert fair.names == ("age", "children")
+    assert parse_workload("predicate:age=22..32", fair).row_labels() == ["22 <= age <= 32"]
+    for bad, pattern in [("age=int:1..x", "age=int:1..x"), ("age", "must look like"),
+                         ("age=real:1..2", "kind must be int, cat or bins"),
+                         ("nowhere.json", "not found")]:
+        with pytest.raises(CliError, match=pattern):
+            parse_domain(bad)
+    for bad, pattern in [("cube:2", "expected total, identity"), ("marginals:two", "integer K"),
+                         ("predicate:sex=X", r"'X' is not a level"),
+                         ("predicate:age=old", "not an integer"), ("", "is empty")]:
+        with pytest.raises(CliError, match=pattern):
+            parse_workload(bad, dom)
+
+
+def test_default_embedded_dataset_and_ledger_file(capsys, tmp_path: Path) -> None:
+    out, led = tmp_path / "a.csv", tmp_path / "ledger.json"
+    rc, _, err = _run(capsys, "--epsilon", "0.5", "--out", str(out), "--ledger", str(led),
+                      "--budget-epsilon", "0.8")
+    assert rc == 0, err
+    ans = pd.read_csv(out)
+    assert ",".join(ans.columns) == COLUMNS
+    assert len(ans) == 5 + 6 + 4  # 1-way marginals of rate_marriage, children, religious
+    assert (ans["mode"] == "release").all() and (ans["noise_scale"] == 1 / 0.5).all()
+    assert json.loads(led.read_text())["history"][0]["epsilon"] == pytest.approx(0.5)
+    # A second release of 0.5 would overspend the 0.8 budget: exit 3, nothing written.
+    before = led.read_text()
+    out2 = tmp_path / "b.csv"
+    rc, _, err = _run(capsys, "--epsilon", "0.5", "--out", str(out2), "--ledger", str(led))
+    assert rc == 3 and "privacy budget exceeded" in err and "remaining (eps=0.3" in err
+    assert not out2.exists() and led.read_text() == before
+    rc, _, err = _run(capsys, "--epsilon", "0.1", "--ledger", str(led), "--budget-epsilon", "5")
+    assert rc == 2 and "cannot change it" in err
+
+
+@pytest.mark.parametrize(
+    ("extra", "pattern"),
+    [
+        (["--epsilon", "-1"], "epsilon must be a finite number > 0, got -1.0"),
+        (["--epsilon", "1", "--delta", "1.5"], r"delta must lie in \[0, 1\)"),
+        (["--epsilon", "1", "--workload", "marginal:height"], "unknown attribute 'height'"),
+        (["--epsilon", "1", "--mechanism", "nope"], "unknown mechanism 'nope'"),
+        (["--epsilon", "1", "--data", "missing.csv", "--domain", SPEC], "not found"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(capsys, extra: list[str], pattern: str) -> None:
+    rc, out, err = _run(capsys, *extra)
+    assert rc == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("dpopt answer: error:")
+    assert re.search(pattern, err)
+
+
+def test_csv_with_inline_domain(capsys, people: Path, tmp_path: Path) -> None:
+    out = tmp_path / "a.csv"
+    rc, _, err = _run(capsys, "--data", str(people), "--domain", SPEC, "--workload",
+                      "marginal:sex;predicate:age=20..29&sex=F", "--epsilon", "1", "--delta",
+                      "1e-6", "--mechanism", "hierarchical", "--out", str(out))
+    assert rc == 0, err
+    ans = pd.read_csv(out)
+    assert ans["query"].tolist() == ["sex=F", "sex=M", "20 <= age <= 29 & sex=F"]
+    assert (ans["noise"] == "gaussian").all() and (ans["delta"] == 1e-6).all()
+    # Out-of-domain data: a one-line error naming the column and value, unless asked to drop.
+    rc, _, err = _run(capsys, "--data", str(people), "--domain",
+                      "age=int:18..40;sex=cat:F|M", "--epsilon", "1", "--out", str(out))
+    assert rc == 2 and "column 'age': value" in err and "outside the domain" in err
+    rc, _, err = _run(capsys, "--data", str(people), "--domain", "age=int:18..40;sex=cat:F|M",
+                      "--epsilon", "1", "--out", str(out), "--on-invalid", "drop")
+    assert rc == 0, err
+    rc, _, err = _run(capsys, "--data", str(people), "--epsilon", "1")
+    assert rc == 2 and "--domain SPEC is required" in err
+
+
+def test_adult_csv_with_json_domain(capsys, tmp_path: Path) -> None:
+    if not (ADULT / "adult.csv").exists():
+        pytest.skip("../shared/data/adult not available")
+    out = tmp_path / "a.csv"
+    rc, _, err = _run(capsys, "--data", str(ADULT / "adult.csv"), "--domain",
+                      f"{ADULT / 'adult-domain.json'}:sex,race", "--workload", "marginal:sex,race",
+                      "--epsilon", "1", "--mechanism", "identity", "--out", str(out))
+    assert rc == 0, err
+    ans = pd.read_csv(out)
+    truth = pd.read_csv(ADULT / "adult.csv").groupby(["race", "sex"]).size().to_numpy()
+    assert ans["query"].iloc[0] == "race=0 & sex=0"
+    assert np.all(np.abs(ans["answer"].to_numpy() - truth) < 12 * ans["std"].to_numpy())
+
+
+def test_help_is_complete(capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["answer", "--help"])
+    assert exc.value.code == 0
+    text = capsys.readouterr().out
+    for needle in ("domain SPEC", "workload SPEC", "exit status", "--ledger", "mode (=release)"):
+        assert needle in text
