@@ -118,11 +118,11 @@ def plot_comparison(df: pd.DataFrame, path: str) -> None:
     plt.close(fig)
 
 
-def main_compare(argv_workload: Workload, privacy: Privacy, mechanisms: Sequence[str] | None,
-                 fmt: str, plot: str | None, out: TextIO = sys.stdout) -> int:
+def main_compare(workload: Workload, privacy: Privacy, mechanisms: Sequence[str] | None,
+                 fmt: str, plot: str | None, out: TextIO | None = None) -> int:
     """Run a comparison and print it; returns the process exit status."""
-    df = compare(argv_workload, privacy, mechanisms, progress=sys.stderr)
-    print(format_table(df, fmt), file=out)
+    df = compare(workload, privacy, mechanisms, progress=sys.stderr)
+    print(format_table(df, fmt), file=out if out is not None else sys.stdout)
     if plot:
         plot_comparison(df, plot)
     return 0

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 import pandas as pd
+import scipy.linalg as sla
 import scipy.sparse as sp
 
 from dpopt.privacy import Privacy
@@ -60,6 +61,9 @@ def unit_error(strategy: Strategy, workload: Workload) -> float:
     if strategy.B is not None:
         return float(_row_sq_norms(strategy.B).sum())
     G = workload.gram()
+    L = strategy._cholesky
+    if L is not None:  # full column rank: X^+ = X^{-1} through the Cholesky factor
+        return float(np.trace(sla.cho_solve((L, True), G)))
     return float(np.einsum("ij,ji->", G, strategy.gram_pinv()))
 
 

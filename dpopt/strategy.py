@@ -109,9 +109,28 @@ class Strategy:
         lam = np.where(lam > cut, lam, 0.0)
         return lam, V
 
+    @cached_property
+    def _cholesky(self) -> np.ndarray | None:
+        """Lower Cholesky factor of X = A^T A when A has full column rank (well conditioned), else None."""
+        try:
+            L = sla.cholesky(self.gram, lower=True)
+        except sla.LinAlgError:
+            return None
+        d = np.diag(L)
+        if d.min() <= 0 or (d.min() / d.max()) ** 2 <= 1e3 * RANK_RTOL:
+            return None
+        return L
+
+    @property
+    def full_column_rank(self) -> bool:
+        """True when A has full column rank n (then every workload on the n cells is supported)."""
+        return self._cholesky is not None
+
     @property
     def rank(self) -> int:
         """Rank of A."""
+        if self.full_column_rank:
+            return self.shape[1]
         return int(np.count_nonzero(self._gram_eig[0]))
 
     # -- construction ----------------------------------------------------------------------------
@@ -144,13 +163,13 @@ class Strategy:
 
     def pinv(self) -> np.ndarray:
         """A^+ (n x r) through the eigendecomposition of A^T A: A^+ = X^+ A^T."""
-        lam, V = self._gram_eig
-        inv = np.divide(1.0, lam, out=np.zeros_like(lam), where=lam > 0)
-        Xp = (V * inv) @ V.T
+        Xp = self.gram_pinv()
         return np.asarray(self.A @ Xp).T  # (A X^+)^T = X^+ A^T since X^+ is symmetric
 
     def gram_pinv(self) -> np.ndarray:
-        """X^+ = (A^T A)^+ (n x n)."""
+        """X^+ = (A^T A)^+ (n x n); a Cholesky inverse when A has full column rank."""
+        if self._cholesky is not None:
+            return sla.cho_solve((self._cholesky, True), np.eye(self.shape[1]))
         lam, V = self._gram_eig
         inv = np.divide(1.0, lam, out=np.zeros_like(lam), where=lam > 0)
         return (V * inv) @ V.T
@@ -177,7 +196,9 @@ class Strategy:
         trG = float(np.trace(G))
         if trG == 0.0:
             raise StrategyError(f"workload {workload.name} is all zeros")
-        if self.B is None:
+        if self.B is None and self.full_column_rank:
+            res2 = 0.0
+        elif self.B is None:
             lam, V = self._gram_eig
             Vn = V[:, lam == 0]
             # ||W (I - P)||_F^2 = trace(Vn^T G Vn), Vn spanning the null space of A (no cancellation).

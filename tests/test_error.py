@@ -1,0 +1,89 @@
+"""Exact expected error against Monte Carlo, per-query variances, the relaxed-strategy bias term."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dpopt.baselines import (
+    hierarchical_strategy,
+    identity_strategy,
+    wavelet_strategy,
+    workload_strategy,
+)
+from dpopt.error import expected_error, monte_carlo_error
+from dpopt.privacy import Privacy
+from dpopt.strategy import Strategy, StrategyError
+from dpopt.workloads import AllRange, Prefix, Total, WRange
+
+# Monte Carlo tolerance: the analytic value must lie within 4 standard errors of the mean over 2000 draws.
+Z_TOL = 4.0
+
+
+@pytest.mark.parametrize("privacy", [Privacy(1.0), Privacy(0.5, 1e-6), Privacy(2.0, 1e-4, "analytic")])
+@pytest.mark.parametrize("make", [identity_strategy, hierarchical_strategy, wavelet_strategy])
+def test_analytic_matches_monte_carlo(privacy, make):
+    n = 32
+    w = AllRange(n)
+    s = make(n)
+    x = np.random.default_rng(5).integers(0, 100, size=n).astype(float)
+    exact = expected_error(s, w, privacy)
+    mc = monte_carlo_error(s, w, privacy, x, np.random.default_rng(11), trials=2000)
+    assert abs(mc.total_mean[0] - exact.total) <= Z_TOL * mc.total_se[0]
+    assert exact.per_query.sum() == pytest.approx(exact.total, rel=1e-10)
+    assert exact.rmse == pytest.approx(np.sqrt(exact.total / w.m))
+
+
+def test_noise_on_queries_monte_carlo():
+    w = WRange(20, 16, seed=3)
+    p = Privacy(1.0)
+    s = workload_strategy(w)
+    exact = expected_error(s, w, p)
+    x = np.arange(16.0)
+    mc = monte_carlo_error(s, w, p, x, np.random.default_rng(0), trials=2000)
+    assert abs(mc.total_mean[0] - exact.total) <= Z_TOL * mc.total_se[0]
+    assert exact.total == pytest.approx(2 * w.m * s.sens1**2)
+
+
+def test_identity_error_closed_form():
+    n = 10
+    w = Prefix(n)
+    e = expected_error(identity_strategy(n), w, Privacy(1.0))
+    assert e.total == pytest.approx(2 * np.trace(w.gram()))
+    assert e.noise == "laplace" and "variance 2 b^2" in e.convention
+
+
+def test_relaxed_strategy_reports_bias_separately():
+    w = Prefix(4)
+    W = w.matrix()
+    A = np.eye(4)
+    B = W.copy()
+    B[3, 3] = 0.9  # W - B A has one entry 0.1
+    s = Strategy(A, B=B, gamma=0.2)
+    x = np.array([1.0, 2.0, 3.0, 4.0])
+    e = expected_error(s, w, Privacy(1.0), x=x)
+    assert e.bias_sq == pytest.approx((0.1 * 4.0) ** 2)
+    assert e.total == pytest.approx(2 * np.sum(B**2))
+    mc = monte_carlo_error(s, w, Privacy(1.0), x, np.random.default_rng(0), trials=4000)
+    assert abs(mc.total_mean[0] - (e.total + e.bias_sq)) <= Z_TOL * mc.total_se[0]
+
+
+def test_unsupported_workload_raises_before_any_noise():
+    with pytest.raises(StrategyError, match="does not support"):
+        expected_error(Strategy(np.ones((1, 5))), AllRange(5), Privacy(1.0))
+    with pytest.raises(StrategyError):
+        monte_carlo_error(Strategy(np.ones((1, 5))), AllRange(5), Privacy(1.0), np.ones(5),
+                          np.random.default_rng(0))
+    assert expected_error(Strategy(np.ones((1, 5))), Total(5), Privacy(1.0)).total == pytest.approx(2.0)
+
+
+def test_shape_mismatch_and_bad_data():
+    s = identity_strategy(4)
+    with pytest.raises(StrategyError, match="covers 4 cells"):
+        expected_error(s, AllRange(5), Privacy(1.0))
+    with pytest.raises(ValueError, match="length 3"):
+        expected_error(s, AllRange(4), Privacy(1.0), x=np.ones(3))
+    with pytest.raises(ValueError, match="NaN"):
+        expected_error(s, AllRange(4), Privacy(1.0), x=np.array([1, np.nan, 1, 1]))
+    with pytest.raises(ValueError, match="Privacy"):
+        expected_error(s, AllRange(4), 1.0)

@@ -1,0 +1,174 @@
+"""Workload families: shapes, closed-form Grams against materialised matrices, reproducibility, bad input."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from dpopt.workloads import (
+    AllPredicate,
+    AllRange,
+    ExplicitWorkload,
+    GramWorkload,
+    Identity,
+    Marginals,
+    Prefix,
+    Stack,
+    Total,
+    WDiscrete,
+    WidthK,
+    WorkloadTooLargeError,
+    WRange,
+    WRelated,
+    all_range_nd,
+    marginal,
+)
+
+
+def brute_all_range(n: int) -> np.ndarray:
+    rows = []
+    for i in range(n):
+        for j in range(i, n):
+            r = np.zeros(n)
+            r[i : j + 1] = 1
+            rows.append(r)
+    return np.array(rows)
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 16])
+def test_all_range_matrix_and_closed_form_gram(n):
+    w = AllRange(n)
+    W = brute_all_range(n)
+    assert w.shape == (n * (n + 1) // 2, n)
+    np.testing.assert_array_equal(w.matrix(), W)
+    np.testing.assert_array_equal(w.gram(), W.T @ W)
+    assert len(w.row_labels()) == w.m
+
+
+@pytest.mark.parametrize("n", [1, 3, 8])
+def test_prefix_gram_closed_form(n):
+    W = np.tril(np.ones((n, n)))
+    np.testing.assert_array_equal(Prefix(n).matrix(), W)
+    np.testing.assert_array_equal(Prefix(n).gram(), W.T @ W)
+
+
+def test_width_k_rows():
+    w = WidthK(10, 3)
+    W = w.matrix()
+    assert W.shape == (8, 10)
+    assert np.all(W.sum(axis=1) == 3)
+    np.testing.assert_array_equal(W[2], [0, 0, 1, 1, 1, 0, 0, 0, 0, 0])
+    with pytest.raises(ValueError, match="width k"):
+        WidthK(4, 5)
+
+
+def test_identity_total():
+    np.testing.assert_array_equal(Identity(4).matrix(), np.eye(4))
+    np.testing.assert_array_equal(Total(4).gram(), np.ones((4, 4)))
+
+
+def test_random_families_reproducible_and_seeded():
+    for make in (lambda s: WRange(20, 30, seed=s), lambda s: WDiscrete(20, 30, seed=s),
+                 lambda s: WRelated(20, 30, 4, seed=s)):
+        np.testing.assert_array_equal(make(3).matrix(), make(3).matrix())
+        assert not np.array_equal(make(3).matrix(), make(4).matrix())
+    gen_a, gen_b = np.random.default_rng(7), np.random.default_rng(7)
+    np.testing.assert_array_equal(WRange(5, 9, seed=gen_a).matrix(), WRange(5, 9, seed=gen_b).matrix())
+
+
+def test_wrange_rows_are_ranges():
+    W = WRange(50, 40, seed=1).matrix()
+    for row in W:
+        idx = np.flatnonzero(row)
+        assert idx.size >= 1 and np.all(np.diff(idx) == 1) and np.all(row[idx] == 1)
+
+
+def test_wdiscrete_variants():
+    lit = WDiscrete(200, 100, seed=0).matrix()
+    zero = WDiscrete(200, 100, seed=0, off_value=0).matrix()
+    assert set(np.unique(lit)) == {-1.0, 1.0}
+    assert set(np.unique(zero)) == {0.0, 1.0}
+    np.testing.assert_array_equal(lit == 1, zero == 1)  # same selected entries
+    assert abs((zero == 1).mean() - 0.02) < 0.005
+    with pytest.raises(ValueError, match="off_value"):
+        WDiscrete(3, 3, off_value=2)
+
+
+def test_wrelated_rank():
+    w = WRelated(30, 40, 6, seed=2)
+    assert np.linalg.matrix_rank(w.matrix()) == 6
+
+
+def test_all_predicate_gram_matches_enumeration():
+    n = 5
+    rows = np.array(list(itertools.product([0, 1], repeat=n)), dtype=float)
+    w = AllPredicate(n)
+    assert w.shape == (2**n, n)
+    np.testing.assert_allclose(np.exp(w.gram_log_scale) * w.gram(), rows.T @ rows)
+    with pytest.raises(WorkloadTooLargeError):
+        AllPredicate(1024).matrix()
+    assert AllPredicate(1024).gram().shape == (1024, 1024)
+
+
+def test_kron_and_all_range_nd():
+    w = all_range_nd([3, 4])
+    W = np.kron(brute_all_range(3), brute_all_range(4))
+    np.testing.assert_array_equal(w.matrix(), W)
+    np.testing.assert_allclose(w.gram(), W.T @ W)
+    assert w.shape == W.shape
+
+
+def test_marginals_data_cube():
+    sizes = [2, 3, 2]
+    w = Marginals(sizes, k=1)
+    assert w.shape == (2 + 3 + 2, 12)
+    W = w.matrix()
+    # each 1-way marginal's rows partition the cells
+    assert np.all(W.sum(axis=0) == 3)
+    m01 = marginal(sizes, [0, 1]).matrix()
+    assert m01.shape == (6, 12) and np.all(m01.sum(axis=0) == 1)
+    weighted = Marginals(sizes, subsets=[(0,), (1, 2)], weights=[2.0, 1.0])
+    np.testing.assert_allclose(weighted.gram(), 4 * marginal(sizes, [0]).gram() + marginal(sizes, [1, 2]).gram())
+
+
+def test_stack_weights_and_gram():
+    a, b = Prefix(5), Identity(5)
+    s = Stack([a, b], weights=[3.0, 0.5])
+    np.testing.assert_allclose(s.matrix(), np.vstack([3 * a.matrix(), 0.5 * b.matrix()]))
+    np.testing.assert_allclose(s.gram(), s.matrix().T @ s.matrix())
+    with pytest.raises(ValueError, match="same number of cells"):
+        Stack([Prefix(3), Prefix(4)])
+    with pytest.raises(ValueError, match="positive"):
+        Stack([a, b], weights=[1.0, -1.0])
+
+
+def test_explicit_workload_validation():
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        ExplicitWorkload(np.array([[1.0, np.nan]]))
+    with pytest.raises(ValueError, match="at least one row"):
+        ExplicitWorkload(np.zeros((0, 3)))
+    with pytest.raises(ValueError, match="2-D"):
+        ExplicitWorkload(np.ones(3))
+    with pytest.raises(ValueError, match="row_labels"):
+        ExplicitWorkload(np.ones((2, 2)), row_labels=["a"])
+    w = ExplicitWorkload(sp.csr_matrix(np.eye(3)), row_labels=["a", "b", "c"])
+    assert w.row_labels() == ["a", "b", "c"]
+    np.testing.assert_array_equal(w.gram(), np.eye(3))
+
+
+def test_gram_workload_validation():
+    with pytest.raises(ValueError, match="symmetric"):
+        GramWorkload(np.array([[1.0, 2.0], [0.0, 1.0]]))
+    with pytest.raises(ValueError, match="positive semidefinite"):
+        GramWorkload(np.array([[1.0, 2.0], [2.0, 1.0]]))
+    g = GramWorkload(AllRange(6).gram())
+    assert g.shape == (6, 6) and not g.has_rows
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5, "4", True])
+def test_sizes_must_be_positive_integers(bad):
+    with pytest.raises(ValueError, match="positive integer"):
+        AllRange(bad)
