@@ -15,6 +15,7 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(BIN)/dpopt compare --workload allrange:256 --epsilon 1.0 --delta 1e-6
+	$(BIN)/dpopt answer --epsilon 1.0 --workload marginals:1 --mechanism hierarchical --out -
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow" -p no:cacheprovider

@@ -1,4 +1,4 @@
-"""The `dpopt` command: compare (and, as they land, answer, crossval, reproduce, sweep)."""
+"""The `dpopt` command: compare, answer (and, as they land, crossval, reproduce, sweep)."""
 
 from __future__ import annotations
 
@@ -45,6 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mechanisms", "-m", default=None, help="comma-separated short names (default: all available)")
     p.add_argument("--format", "-f", choices=["table", "markdown", "csv", "json"], default="table")
     p.add_argument("--plot", default=None, help="also draw the comparison as a bar chart to this PNG file")
+
+    from dpopt.release_cli import add_answer_parser
+
+    add_answer_parser(sub)
     return parser
 
 
@@ -67,6 +71,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (SpecError, ValueError) as exc:
         print(f"dpopt: error: {exc}", file=sys.stderr)
         return 2
+    if hasattr(args, "func"):  # subcommands registered by their own modules set their handler
+        return int(args.func(args))
     parser.error(f"unknown command {args.command}")
     return 2
 
