@@ -16,12 +16,12 @@ attribute         levels                                 coding
 ================  =====================================  ==========================================
 rate_marriage     1..5                                   1 very poor, 2 poor, 3 fair, 4 good, 5 very
                                                          good
-age               17.5, 22, 27, 32, 37, 42               age brackets coded by a point inside each
-                                                         (17.5 under 20, 22 for 20-24, ..., 42 for
-                                                         40 and over)
-yrs_married       0.5, 2.5, 6, 9, 13, 16.5, 23           years married, seven brackets coded by
-                                                         interval approximations (documented as
-                                                         such; 0.5 is under a year)
+age               17.5, 22, 27, 32, 37, 42               age brackets, each coded by one age inside
+                                                         it (17.5 the youngest bracket, 42 the
+                                                         oldest; brackets as in Fair 1978)
+yrs_married       0.5, 2.5, 6, 9, 13, 16.5, 23           years married in seven brackets, coded by
+                                                         "interval approximations" (statsmodels'
+                                                         description; brackets as in Fair 1978)
 children          0, 1, 2, 3, 4, 5.5                     number of children, 5.5 for five or more
 religious         1..4                                   1 not, 2 mildly, 3 fairly, 4 strongly
 educ              9, 12, 14, 16, 17, 20                  grade school, high school, some college,
@@ -36,7 +36,7 @@ occupation_husb   1..6                                   husband's occupation, s
 ================  =====================================  ==========================================
 
 Bracket-coded attributes are ordered categoricals whose levels are the codes (so ``Between("age",
-22, 32)`` selects the 20-34 brackets); 1..k scales are integer ranges.  The full domain has
+22, 32)`` selects the brackets coded 22, 27 and 32); 1..k scales are integer ranges.  The full domain has
 5*6*7*6*4*6*6*6 = 1,088,640 cells; most uses take a few attributes (``fair_domain([...])``).
 """
 

@@ -216,7 +216,7 @@ class And(Condition):
             if not isinstance(p, Condition):
                 raise ValueError(f"And takes Condition objects, got {p!r}")
             flat.extend(p.parts if isinstance(p, And) else [p])
-        self.parts = flat
+        self.parts: list[Condition] = flat
 
     def masks(self, domain: Domain) -> dict[str, np.ndarray]:
         out: dict[str, np.ndarray] = {}
@@ -247,6 +247,7 @@ def predicate_workload(
 
     ``conditions`` may be a mapping {label: condition} to choose the labels.
     """
+    items: list[tuple[str | None, Condition]]
     if isinstance(conditions, Mapping):
         items = [(str(k), c) for k, c in conditions.items()]
     else:
