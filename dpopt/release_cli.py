@@ -243,7 +243,7 @@ def add_answer_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "(default: identity)")
     p.add_argument("--out", metavar="answers.csv", default="-",
                    help="output CSV ('-' for standard output, the default)")
-    p.add_argument("--on-invalid", choices=("error", "drop", "bucket"), default="error",
+    p.add_argument("--on-invalid", choices=("error", "drop"), default="error",
                    help="rows with missing or out-of-domain values: stop (default) or drop them")
     p.add_argument("--ledger", metavar="FILE.json",
                    help="privacy budget file kept across runs (created if absent)")
