@@ -9,6 +9,15 @@ from dpopt.mechanisms.baselines import (
     LaplaceMechanism,
     WaveletMechanism,
 )
+from dpopt.mechanisms.convergence import ConvergenceWarning
+from dpopt.mechanisms.lowrank import LowRankMechanism
+from dpopt.mechanisms.matrix import (
+    AppendixBMechanism,
+    ConvexOptimumMechanism,
+    EigenDesignMechanism,
+    MatrixMechanism,
+)
+from dpopt.mechanisms.orthogonal import OrthogonalMechanism
 from dpopt.mechanisms.registry import MECHANISMS, available_mechanisms, make_mechanism
 
 __all__ = [
@@ -17,10 +26,17 @@ __all__ = [
     "MechanismError",
     "Selection",
     "lower_bound",
+    "ConvergenceWarning",
     "LaplaceMechanism",
     "IdentityMechanism",
     "HierarchicalMechanism",
     "WaveletMechanism",
+    "MatrixMechanism",
+    "EigenDesignMechanism",
+    "ConvexOptimumMechanism",
+    "AppendixBMechanism",
+    "LowRankMechanism",
+    "OrthogonalMechanism",
     "MECHANISMS",
     "available_mechanisms",
     "make_mechanism",

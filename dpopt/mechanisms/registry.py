@@ -14,6 +14,11 @@ MECHANISMS: dict[str, str] = {
     "identity": "dpopt.mechanisms.baselines:IdentityMechanism",
     "hierarchical": "dpopt.mechanisms.baselines:HierarchicalMechanism",
     "wavelet": "dpopt.mechanisms.baselines:WaveletMechanism",
+    "eigen": "dpopt.mechanisms.matrix:EigenDesignMechanism",
+    "mm-optimal": "dpopt.mechanisms.matrix:ConvexOptimumMechanism",
+    "mm-appendix-b": "dpopt.mechanisms.matrix:AppendixBMechanism",
+    "lrm": "dpopt.mechanisms.lowrank:LowRankMechanism",
+    "om": "dpopt.mechanisms.orthogonal:OrthogonalMechanism",
 }
 
 

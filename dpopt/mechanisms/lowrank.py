@@ -1,0 +1,169 @@
+"""Low-Rank Mechanism (LRM, seed 000): W = B L with ||L[:, j]||_1 <= 1, answers B (L x + noise) (Eq. 6).
+
+Selection solves Formula (7) (gamma = 0) or its relaxation (8) (||W - B L||_F <= gamma, an absolute
+Frobenius bound as in the paper) by the inexact augmented Lagrangian of Algorithm 1
+(`dpopt.solvers.lrm.solve_lrm`). The rank r of the decomposition defaults to ceil(1.2 rank(W)), the
+paper's recommendation (Section 6.1).
+
+Errors (Lemma 1, Theorem 3), total over the m queries:
+- noise: 2/eps^2 * ||B||_F^2 * max_j ||L[:, j]||_1^2 under eps-DP (the core's `expected_error`);
+- structure (gamma > 0 only): ||(W - B L) x||^2, data-dependent, reported separately by
+  `structural_error(x)` and by `expected_error(x=...)` as `bias_sq`. Theorem 3 bounds it by
+  ||W - B L||_F^2 ||x||^2 <= gamma^2 ||x||^2 (the paper prints gamma ||x||^2; its proof gives gamma^2).
+Under (eps, delta)-DP the decomposition is answered with Gaussian noise scaled to the L2 sensitivity
+of L: valid, but L was optimised for the L1 constraint of Formula (7).
+
+Support: with gamma = 0 the relative residual ||W - B L||_F / ||W||_F must be <= tol (the solver's
+own test); with gamma > 0 the absolute residual must be <= gamma, so a relaxed strategy is accepted
+within gamma only. The lower bound `bound_` is P * SVDB(W) for gamma = 0; for gamma > 0 the mechanism
+answers B L rather than W exactly, so `bound_` is P * SVDB(B L), the bound that applies to its noise.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+import numpy as np
+
+from dpopt.bounds import svd_bound
+from dpopt.error import ErrorReport, expected_error
+from dpopt.mechanisms.base import Mechanism, MechanismError, Selection
+from dpopt.mechanisms.convergence import check_policy, solver_status
+from dpopt.privacy import Privacy
+from dpopt.strategy import Strategy
+from dpopt.validation import check_finite_vector
+from dpopt.workloads import Workload, WorkloadTooLargeError, as_workload
+
+SOLVERS = ("alm", "cvxpy")
+
+
+class LowRankMechanism(Mechanism):
+    """LRM (seed 000, Sections 4-5): Formula (7)/(8) by Algorithm 1, answers by Eq. (6)."""
+
+    short_name = "lrm"
+
+    def __init__(
+        self,
+        rank: int | None = None,
+        gamma: float = 0.0,
+        solver: str = "alm",
+        seed: int | np.random.Generator | None = 0,
+        tol: float = 1e-6,
+        max_outer: int = 1000,
+        solver_options: dict[str, Any] | None = None,
+        on_unconverged: str = "warn",
+    ) -> None:
+        if rank is not None and (
+            isinstance(rank, bool) or not isinstance(rank, numbers.Integral) or int(rank) < 1
+        ):
+            raise MechanismError(
+                f"lrm: rank must be a positive integer (the number of rows of L) or None for "
+                f"ceil(1.2 rank(W)); got {rank!r}"
+            )
+        if isinstance(gamma, bool) or not isinstance(gamma, numbers.Real) or not math.isfinite(gamma) or gamma < 0:
+            raise MechanismError(f"lrm: gamma must be a finite number >= 0 (||W - B L||_F bound), got {gamma!r}")
+        if solver not in SOLVERS:
+            raise MechanismError(f"lrm: solver must be one of {SOLVERS}, got {solver!r}")
+        if not 0.0 < tol < 1.0:
+            raise MechanismError(f"lrm: tol must lie in (0, 1), got {tol!r}")
+        self.rank = None if rank is None else int(rank)
+        self.gamma = float(gamma)
+        self.solver = solver
+        self.seed = seed
+        self.tol = float(tol)
+        self.max_outer = max_outer
+        self.solver_options = dict(solver_options or {})
+        self.on_unconverged = check_policy(on_unconverged, "lrm")
+        # Exact decompositions are accepted at the solver's own residual test; relaxed ones within gamma.
+        self.support_rtol = self.tol
+
+    # -- selection ---------------------------------------------------------------------------------
+    def _select(self, workload: Workload, privacy: Privacy) -> Selection:
+        if not workload.has_rows:
+            raise MechanismError(
+                f"lrm: workload {workload.name} is known only through its Gram matrix (or is too large to "
+                "list); Formula (7) needs the rows of W to build B"
+            )
+        try:
+            W = workload.matrix()
+        except WorkloadTooLargeError as exc:
+            raise MechanismError(f"lrm: cannot materialise workload {workload.name}: {exc}") from None
+        from dpopt.solvers.lrm import default_rank, numerical_rank, solve_lrm
+
+        rank_w = numerical_rank(W)
+        if rank_w == 0:
+            raise MechanismError(f"lrm: workload {workload.name} is all zeros; nothing to answer")
+        r = default_rank(W) if self.rank is None else self.rank
+        if self.gamma == 0.0 and r < rank_w:
+            raise MechanismError(
+                f"lrm: rank r = {r} is below rank(W) = {rank_w}, so W = B L is impossible with gamma = 0; "
+                "use rank >= rank(W) or a relaxation gamma > 0"
+            )
+        if self.solver == "cvxpy":
+            raise MechanismError(
+                "lrm: Formula (7) is bilinear in (B, L) and has no CVXPY model here; use solver='alm'"
+            )
+        opts = {"tol": self.tol, "max_outer": self.max_outer, **self.solver_options}
+        try:
+            res = solve_lrm(W, rank=r, gamma=self.gamma, seed=self.seed, **opts)
+        except ValueError as exc:
+            raise MechanismError(f"lrm: solver rejected workload {workload.name}: {exc}") from None
+        status, message = solver_status(res, "lrm", self.on_unconverged)
+        B, L = res.x
+        if not privacy.is_pure:
+            message = (
+                f"{message}; L optimised for L1 sensitivity (Formula (7)), answered with Gaussian noise "
+                "scaled to its L2 sensitivity"
+            )
+        extra = {
+            k: res.extra[k]
+            for k in ("rank", "residual", "rel_residual", "max_col_l1", "error_factor", "beta")
+            if k in res.extra
+        }
+        extra.update({"rank_W": rank_w, "gamma": self.gamma, "inner_iterations": int(res.ninner)})
+        return Selection(
+            Strategy(L, B=B, name="lrm", gamma=self.gamma),
+            solver="alm",
+            status=status,
+            iterations=int(res.nit),
+            message=message,
+            extra=extra,
+        )
+
+    def fit(self, workload: Workload | np.ndarray, privacy: Privacy) -> LowRankMechanism:
+        """Select (B, L) and check support; for gamma > 0 the bound is that of the answered workload B L."""
+        super().fit(workload, privacy)
+        if self.gamma > 0.0:
+            B = np.asarray(self.strategy_.B)
+            L = np.asarray(self.strategy_.A)
+            self.bound_ = privacy.variance_factor * svd_bound(B @ L)
+            self.fit_info_.extra["bound_of"] = "B L (relaxed, gamma > 0)"
+        else:
+            self.fit_info_.extra["bound_of"] = "W"
+        return self
+
+    # -- errors ------------------------------------------------------------------------------------
+    def expected_error(
+        self, workload: Workload | np.ndarray | None = None, x: np.ndarray | None = None
+    ) -> ErrorReport:
+        """Noise error of the fitted decomposition; with x, also `bias_sq` = ||(W - B L) x||^2 (Theorem 3)."""
+        self._check_fitted()
+        w = self.workload_ if workload is None else as_workload(workload)
+        return expected_error(self.strategy_, w, self.privacy_, x=x, rtol=self.support_rtol)
+
+    def structural_error(self, x: np.ndarray) -> float:
+        """LRM Theorem 3 (seed 000), second term: the data-dependent ||(W - B L) x||^2 (0 for exact W = B L)."""
+        self._check_fitted()
+        x = check_finite_vector(x, "data vector x", self.workload_.n)
+        bias = self.expected_error(x=x).bias_sq
+        assert bias is not None
+        return bias
+
+    def theorem3_bound(self, x: np.ndarray) -> float:
+        """LRM Theorem 3 (seed 000): noise error + ||W - B L||_F^2 ||x||^2, an upper bound on the total error."""
+        self._check_fitted()
+        x = check_finite_vector(x, "data vector x", self.workload_.n)
+        resid = self.strategy_.residual(self.workload_)
+        return self.expected_error_.total + resid**2 * float(x @ x)

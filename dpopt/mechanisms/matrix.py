@@ -1,0 +1,270 @@
+"""Matrix mechanism (seed 003; seed 004 Prop. 3.1): measure A x + noise, answer W A^+ (A x + noise).
+
+The strategy A is given (an ndarray, a sparse matrix or a `Strategy`) or selected from W^T W:
+- "eigen": eigen-design, weights on the eigenvectors of W^T W (seed 003; Li and Miklau 2012);
+- "optimal": the (eps, delta) convex optimum min trace(W^T W X^-1) s.t. diag(X) <= 1 (seed 002);
+- "appendix-b": the LRM paper's own matrix-mechanism solver (seed 000, Appendix B).
+All three optimise the L2 (Gaussian) objective. Under (eps, delta)-DP the mechanism uses L2 sensitivity
+and Gaussian noise, and the selected strategy is the one the objective ranks. Under eps-DP it uses L1
+sensitivity and Laplace noise (the core's `Privacy` decides): the strategy is still valid, but it was not
+optimised for L1 sensitivity; `fit_info_.message` says so.
+
+A strategy Gram X = A^T A determines the (eps, delta) error; under eps-DP the factor A matters through
+sens1(A). `factor="auto"` uses the Cholesky factor under (eps, delta) and, under eps-DP, the factor with
+the smallest L1 sensitivity among Cholesky, the symmetric square root and the eigen form diag(sqrt l) V^T.
+
+Inference: least squares (`inference="ls"`, the analytic error applies), or non-negative least squares
+on the measurements (`inference="nnls"`, seed 003): x_hat = argmin_{x >= 0} ||A x - y||, answers W x_hat.
+NNLS is data-dependent and biased; its error is not the analytic one (`expected_error_` remains the
+least-squares error) and `answer_info_` records which inference produced the last answers.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+import scipy.linalg as sla
+import scipy.sparse as sp
+from scipy.optimize import lsq_linear, nnls
+
+from dpopt.mechanisms.base import Mechanism, MechanismError, Selection
+from dpopt.mechanisms.convergence import check_policy, solver_status
+from dpopt.privacy import Privacy
+from dpopt.solvers.result import SolverResult
+from dpopt.strategy import RANK_RTOL, Strategy
+from dpopt.validation import check_finite_vector
+from dpopt.workloads import Workload
+
+STRATEGY_KINDS = ("eigen", "optimal", "appendix-b")
+FACTORS = ("auto", "cholesky", "sqrt", "eigen")
+INFERENCES = ("ls", "nnls")
+# Hand-written solver for each kind: (module, function, what its SolverResult.x is).
+_HAND_SOLVERS = {
+    "eigen": ("dpopt.solvers.eigen_design", "solve_eigen_design", "weights"),
+    "optimal": ("dpopt.solvers.convex_dp", "solve_convex_dp", "gram"),
+    "appendix-b": ("dpopt.solvers.appendix_b", "solve_appendix_b", "gram"),
+}
+# NNLS: iteration cap of scipy's active-set method (per call) and tolerance of the sparse solver.
+NNLS_MAX_ITER_FACTOR = 50
+NNLS_SPARSE_TOL = 1e-10
+
+
+def _gram_factors(X: np.ndarray) -> dict[str, np.ndarray]:
+    """Candidate A with A^T A = X (n x n PSD): upper Cholesky (if X is definite), symmetric root, eigen form."""
+    X = (X + X.T) / 2
+    lam, V = np.linalg.eigh(X)
+    keep = lam > RANK_RTOL * max(float(lam.max()), np.finfo(float).tiny)
+    root = np.sqrt(np.where(keep, lam, 0.0))
+    out = {"sqrt": (V * root) @ V.T, "eigen": root[keep, None] * V[:, keep].T}
+    if keep.all():
+        try:
+            out["cholesky"] = sla.cholesky(X, lower=False)
+        except sla.LinAlgError:
+            pass
+    return out
+
+
+def factor_gram(X: np.ndarray, factor: str, privacy: Privacy) -> tuple[np.ndarray, str]:
+    """A (r x n) with A^T A = X and the name of the factor used (see the module docstring for "auto")."""
+    if factor not in FACTORS:
+        raise ValueError(f"factor must be one of {FACTORS}, got {factor!r}")
+    cands = _gram_factors(X)
+    if factor == "auto":
+        if not privacy.is_pure:
+            name = "cholesky" if "cholesky" in cands else "eigen"
+        else:
+            name = min(cands, key=lambda k: (float(np.abs(cands[k]).sum(axis=0).max()), k))
+        return cands[name], name
+    if factor not in cands:  # Cholesky of a singular X
+        return cands["eigen"], "eigen"
+    return cands[factor], factor
+
+
+def _strategy_from_given(strategy: Any) -> Strategy:
+    """A given strategy as a least-squares Strategy (an explicit B is dropped: the mechanism uses W A^+)."""
+    if isinstance(strategy, Strategy):
+        return Strategy(strategy.A, name=strategy.name)
+    if isinstance(strategy, np.ndarray) or sp.issparse(strategy):
+        return Strategy(strategy, name="given")
+    raise ValueError(
+        f"strategy must be an ndarray, a sparse matrix, a Strategy or one of {STRATEGY_KINDS}, "
+        f"got {type(strategy).__name__}"
+    )
+
+
+class MatrixMechanism(Mechanism):
+    """Matrix mechanism: strategy A given or selected from W^T W, least-squares (or NNLS) inference (seed 003)."""
+
+    short_name: ClassVar[str] = "matrix"
+
+    def __init__(
+        self,
+        strategy: Any = "eigen",
+        solver: str = "auto",
+        inference: str = "ls",
+        factor: str = "auto",
+        solver_options: dict[str, Any] | None = None,
+        on_unconverged: str = "warn",
+    ) -> None:
+        if isinstance(strategy, str):
+            if strategy not in STRATEGY_KINDS:
+                raise ValueError(f"{self.short_name}: strategy must be one of {STRATEGY_KINDS}, got {strategy!r}")
+        else:
+            strategy = _strategy_from_given(strategy)
+        if not isinstance(solver, str) or not (solver in ("auto", "hand") or solver.startswith("cvxpy")):
+            raise ValueError(
+                f"{self.short_name}: solver must be 'auto', 'hand' or 'cvxpy[:NAME]', got {solver!r}"
+            )
+        if inference not in INFERENCES:
+            raise ValueError(f"{self.short_name}: inference must be one of {INFERENCES}, got {inference!r}")
+        if factor not in FACTORS:
+            raise ValueError(f"{self.short_name}: factor must be one of {FACTORS}, got {factor!r}")
+        self.strategy = strategy
+        self.solver = solver
+        self.inference = inference
+        self.factor = factor
+        self.solver_options = dict(solver_options or {})
+        self.on_unconverged = check_policy(on_unconverged, self.short_name)
+
+    # -- selection ---------------------------------------------------------------------------------
+    def _select(self, workload: Workload, privacy: Privacy) -> Selection:
+        if isinstance(self.strategy, Strategy):
+            return Selection(self.strategy, solver="given", status="given", message="strategy given by the caller")
+        G = workload.gram()
+        # trace(G X^-1) scales with G: normalise so solver tolerances mean the same on every workload.
+        scale = float(np.mean(np.diag(G)))
+        if not scale > 0:
+            raise MechanismError(f"{self.short_name}: workload {workload.name} is all zeros")
+        result, solver_name = self._run_solver(G / scale, workload)
+        status, message = solver_status(result, self.short_name, self.on_unconverged)
+        X = self._gram_from_result(result, G / scale)
+        A, used = factor_gram(X, self.factor, privacy)
+        if privacy.is_pure:
+            message = (
+                f"{message}; selected for L2 sensitivity (the (eps, delta) objective) and evaluated under "
+                "eps-DP with L1 sensitivity and Laplace noise: valid, not optimised for eps-DP"
+            ).lstrip("; ")
+        extra: dict[str, Any] = {
+            "factor": used,
+            "kind": self.strategy,
+            "inference": self.inference,
+            "solver_fun": float(result.fun),
+            "solver_wall_seconds": float(result.wall_seconds),
+        }
+        return Selection(
+            Strategy(A, name=self.strategy),
+            solver=solver_name,
+            status=status,
+            iterations=int(result.nit),
+            gap=result.gap,
+            message=message,
+            extra=extra,
+        )
+
+    def _run_solver(self, G: np.ndarray, workload: Workload) -> tuple[SolverResult, str]:
+        """Run the hand-written solver or the CVXPY model for self.strategy on the normalised Gram G."""
+        kind = str(self.strategy)
+        if self.solver.startswith("cvxpy"):
+            return self._run_cvxpy(kind, G)
+        module, func, _ = _HAND_SOLVERS[kind]
+        try:
+            mod = __import__(module, fromlist=[func])
+            solve = getattr(mod, func)
+        except (ImportError, AttributeError):
+            raise MechanismError(
+                f"{self.short_name}: strategy {kind!r} needs {module}.{func}, which is not available on "
+                "this installation"
+            ) from None
+        try:
+            return solve(G, **self.solver_options), func
+        except ValueError as exc:
+            raise MechanismError(f"{self.short_name}: {func} cannot handle workload {workload.name}: {exc}") from None
+
+    def _run_cvxpy(self, kind: str, G: np.ndarray) -> tuple[SolverResult, str]:
+        raise MechanismError(f"{self.short_name}: no CVXPY model is wired for strategy {kind!r}")
+
+    def _gram_from_result(self, result: SolverResult, G: np.ndarray) -> np.ndarray:
+        """Strategy Gram X (n x n) from a solver result: X itself, or eigen-design weights on eig(G)."""
+        _, _, what = _HAND_SOLVERS[str(self.strategy)]
+        x = np.asarray(result.x, dtype=float)
+        if what == "gram":
+            if x.shape != G.shape or not np.all(np.isfinite(x)):
+                raise MechanismError(
+                    f"{self.short_name}: solver returned x of shape {x.shape}; expected a finite {G.shape} Gram"
+                )
+            return (x + x.T) / 2
+        raise MechanismError(f"{self.short_name}: unsupported solver output {what!r}")
+
+    # -- answering ---------------------------------------------------------------------------------
+    def answer(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """Noisy answers to every workload query (m,): least squares W A^+ y, or W x_hat with NNLS x_hat >= 0.
+
+        y = A x + z with z Laplace (eps-DP, L1 sensitivity) or Gaussian ((eps, delta), L2) from rng.
+        `answer_info_` records the inference used and whether the analytic error describes it.
+        """
+        if self.inference == "ls":
+            out = super().answer(x, rng)
+            self.answer_info_ = {"inference": "ls", "data_dependent": False, "analytic_error_applies": True}
+            return out
+        self._check_fitted()
+        if not isinstance(rng, np.random.Generator):
+            raise MechanismError(f"{self.short_name}: rng must be a numpy.random.Generator (research mode)")
+        x = check_finite_vector(x, "data vector x", self.workload_.n)
+        A = self.strategy_.A
+        sens = self.strategy_.sensitivity(self.privacy_.norm)
+        y = np.asarray(A @ x).ravel() + self.privacy_.sample_noise(sens, self.strategy_.shape[0], rng)
+        x_hat, resid = nnls_estimate(A, y)
+        self.answer_info_ = {
+            "inference": "nnls",
+            "data_dependent": True,
+            "analytic_error_applies": False,
+            "residual_norm": resid,
+        }
+        return np.asarray(self.workload_.sparse() @ x_hat).ravel()
+
+
+def nnls_estimate(A: np.ndarray | sp.spmatrix, y: np.ndarray) -> tuple[np.ndarray, float]:
+    """Non-negative least squares inference (seed 003): x_hat = argmin_{x >= 0} ||A x - y||_2, and the residual norm.
+
+    A: (r x n) dense or sparse; y: (r,). Dense A uses scipy's active-set NNLS (iteration cap
+    NNLS_MAX_ITER_FACTOR * n), sparse A a bounded trust-region solve with LSMR (tolerance NNLS_SPARSE_TOL).
+    """
+    if sp.issparse(A):
+        res = lsq_linear(sp.csr_matrix(A), y, bounds=(0.0, np.inf), method="trf", lsq_solver="lsmr",
+                         tol=NNLS_SPARSE_TOL)
+        x_hat = np.clip(res.x, 0.0, None)
+        return x_hat, float(np.linalg.norm(A @ x_hat - y))
+    A = np.asarray(A, dtype=float)
+    x_hat, rnorm = nnls(A, y, maxiter=NNLS_MAX_ITER_FACTOR * A.shape[1])
+    return x_hat, float(rnorm)
+
+
+class EigenDesignMechanism(MatrixMechanism):
+    """Matrix mechanism with the eigen-design strategy (seed 003; seed 004 Table 2's last column)."""
+
+    short_name: ClassVar[str] = "eigen"
+
+    def __init__(self, **params: Any) -> None:
+        params.setdefault("strategy", "eigen")
+        super().__init__(**params)
+
+
+class ConvexOptimumMechanism(MatrixMechanism):
+    """Matrix mechanism with the (eps, delta) convex optimum (seed 002): min trace(W^T W X^-1), diag(X) <= 1."""
+
+    short_name: ClassVar[str] = "mm-optimal"
+
+    def __init__(self, **params: Any) -> None:
+        params.setdefault("strategy", "optimal")
+        super().__init__(**params)
+
+
+class AppendixBMechanism(MatrixMechanism):
+    """Matrix mechanism by the LRM paper's Appendix B solver (seed 000: smoothed max-diagonal, projected gradient)."""
+
+    short_name: ClassVar[str] = "mm-appendix-b"
+
+    def __init__(self, **params: Any) -> None:
+        params.setdefault("strategy", "appendix-b")
+        super().__init__(**params)

@@ -1,0 +1,288 @@
+"""Mechanisms end to end: the papers' examples, support, analytic vs Monte Carlo error, bounds, bad inputs.
+
+Conventions: errors are total expected squared error over the m queries; eps-DP uses Laplace noise with
+variance 2 (sens1/eps)^2 per measurement (seed 000 Sec. 3.1, seed 001 Thm. 5); (eps, delta) uses the
+classic Gaussian calibration. Solver-based mechanisms (eigen, mm-optimal, mm-appendix-b, lrm) have
+their own files; this one covers the registry, the matrix mechanism with a given strategy, NNLS
+inference, OM, and the shared checks for every mechanism whose selection is cheap.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+
+from dpopt.baselines import hierarchical_strategy
+from dpopt.error import monte_carlo_error, noisy_answers
+from dpopt.mechanisms import (
+    MECHANISMS,
+    LaplaceMechanism,
+    MatrixMechanism,
+    Mechanism,
+    MechanismError,
+    OrthogonalMechanism,
+    make_mechanism,
+)
+from dpopt.privacy import Privacy
+from dpopt.strategy import Strategy
+from dpopt.workloads import AllPredicate, AllRange, GramWorkload, WRange, WRelated, WTau
+
+EPS = Privacy(1.0)
+EPS_DELTA = Privacy(1.0, 1e-6)
+MC_TRIALS = 2000
+MC_SIGMAS = 4.0
+
+# Seed 001, Example 1 (Section 4.2), as printed.
+EX1_W = np.array(
+    [
+        [0.3657, 0, 0.9812, 0],
+        [0, 0.0645, 0, 0],
+        [0, 0.5879, 0.7602, 0],
+        [0, 0, 0, 0.7310],
+        [0, 0.7313, 0, 0],
+        [0, 0, 0.7122, 0.9053],
+    ]
+)
+EX1_W_TILDE = np.eye(4)[[1, 2, 0, 3]]
+EX1_B = np.array(
+    [
+        [0, 0.9812, 0.3657, 0],
+        [0.0645, 0, 0, 0],
+        [0.5879, 0.7602, 0, 0],
+        [0, 0, 0, 0.7310],
+        [0.7313, 0, 0, 0],
+        [0, 0.7122, 0, 0.9053],
+    ]
+)
+
+
+def paper_workloads():
+    """The four workloads the issue names (fixed seeds)."""
+    return {
+        "allrange64": AllRange(64),
+        "wrange64x128": WRange(64, 128, seed=0),
+        "wrelated64x128s13": WRelated(64, 128, 13, seed=0),
+        "wtau32x128t0.4": WTau(32, 128, 0.4, seed=0),
+    }
+
+
+WORKLOADS = paper_workloads()
+
+
+def data_vector(n: int, seed: int = 7) -> np.ndarray:
+    """A fixed non-negative count vector (the error of an exact strategy does not depend on it)."""
+    return np.random.default_rng(seed).integers(0, 50, size=n).astype(float)
+
+
+def check_fitted(mech: Mechanism, x: np.ndarray, seed: int, rel_support: float = 1e-6) -> None:
+    """Support, analytic = Monte Carlo within MC_SIGMAS standard errors over MC_TRIALS draws, error >= bound.
+
+    The Monte Carlo runs through `dpopt.error.monte_carlo_error` (batched draws of the same B (A x + z)
+    that `answer` returns); `answer` itself is checked to be that draw for the same Generator state.
+    """
+    st = mech.strategy_
+    w = mech.workload_
+    if st.gamma > 0:
+        assert st.residual(w) <= st.gamma * (1 + 1e-9)
+        expected = mech.expected_error_.total + mech.expected_error(x=x).bias_sq  # type: ignore[call-arg]
+    else:
+        assert st.unsupported_fraction(w) <= rel_support
+        expected = mech.expected_error_.total
+    one = mech.answer(x, np.random.default_rng(seed))
+    np.testing.assert_allclose(one, noisy_answers(st, w, mech.privacy_, x, np.random.default_rng(seed), 1)[0])
+    mc = monte_carlo_error(st, w, mech.privacy_, x, np.random.default_rng(seed), trials=MC_TRIALS)
+    mean, se = float(mc["total_mean"].iloc[0]), float(mc["total_se"].iloc[0])
+    assert abs(mean - expected) <= MC_SIGMAS * se, (mech.short_name, mean, expected, se)
+    assert mech.expected_error_.total >= mech.bound_ * (1 - 1e-9), (mech.short_name, mech.bound_)
+
+
+# ------------------------------------------------------------------------------------------------
+# Registry
+# ------------------------------------------------------------------------------------------------
+
+
+def test_registry_has_every_short_name():
+    names = {"laplace", "identity", "hierarchical", "wavelet", "eigen", "mm-optimal", "mm-appendix-b", "lrm", "om"}
+    assert names <= set(MECHANISMS)
+    for name in ("eigen", "mm-optimal", "mm-appendix-b", "lrm", "om"):
+        mech = make_mechanism(name)
+        assert mech.short_name == name
+
+
+# ------------------------------------------------------------------------------------------------
+# Seed 001, Example 1 through OrthogonalMechanism
+# ------------------------------------------------------------------------------------------------
+
+
+def _match_rows(M: np.ndarray, ref: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    perm, sign = [], []
+    for row in M:
+        hits = [(j, s) for j in range(ref.shape[0]) for s in (1.0, -1.0) if np.allclose(row, s * ref[j])]
+        assert len(hits) == 1
+        perm.append(hits[0][0])
+        sign.append(hits[0][1])
+    assert sorted(perm) == list(range(ref.shape[0]))
+    return np.array(perm), np.array(sign)
+
+
+@pytest.mark.parametrize("seed", [None, 0, 3])
+def test_om_example1_w_tilde_b_and_error(seed):
+    eps = 0.5
+    om = OrthogonalMechanism(seed=seed).fit(EX1_W, Privacy(eps))
+    W_tilde, B = np.asarray(om.strategy_.A), np.asarray(om.strategy_.B)
+    perm, sign = _match_rows(W_tilde, EX1_W_TILDE)
+    np.testing.assert_allclose(B, EX1_B[:, perm] * sign, atol=1e-12)
+    # Theorem 5 with the printed B: 2 ||B||_F^2 S(W~)^2 / eps^2, S(W~) = 1; "less than 18/eps^2".
+    printed = 2 * float(np.sum(EX1_B**2)) / eps**2
+    assert om.expected_error_.total == pytest.approx(printed, rel=1e-12)
+    assert om.theorem5_error() == pytest.approx(printed, rel=1e-12)
+    assert om.expected_error_.total * eps**2 < 18
+    # Noise on the six queries: 2 * 6 * S(Q)^2 / eps^2 with S(Q) = 2.4536 ("around 75/eps^2").
+    lm = LaplaceMechanism().fit(EX1_W, Privacy(eps))
+    assert lm.expected_error_.total == pytest.approx(12 * (0.9812 + 0.7602 + 0.7122) ** 2 / eps**2)
+    assert lm.expected_error_.total * eps**2 == pytest.approx(75, rel=0.05)
+
+
+def test_om_theorem5_matches_core_error_on_wtau():
+    om = OrthogonalMechanism(seed=1).fit(WORKLOADS["wtau32x128t0.4"], Privacy(0.3))
+    assert om.fit_info_.extra["theorem5_rel_diff"] <= 1e-12
+    assert om.theorem5_error() == pytest.approx(om.expected_error_.total, rel=1e-12)
+
+
+def test_om_refuses_gram_only_workloads():
+    with pytest.raises(MechanismError, match=r"^om: .*Gram matrix"):
+        OrthogonalMechanism().fit(AllPredicate(8), EPS)
+    with pytest.raises(MechanismError, match=r"^om: "):
+        OrthogonalMechanism().fit(GramWorkload(np.eye(4)), EPS)
+
+
+def test_om_refuses_zero_workload():
+    with pytest.raises(MechanismError, match=r"^om: cannot decompose"):
+        OrthogonalMechanism().fit(np.zeros((3, 4)), EPS)
+
+
+def test_om_theorem5_only_for_pure_dp():
+    om = OrthogonalMechanism().fit(EX1_W, EPS_DELTA)
+    with pytest.raises(MechanismError, match="Theorem 5"):
+        om.theorem5_error()
+    assert "Gaussian" in om.fit_info_.message
+
+
+# ------------------------------------------------------------------------------------------------
+# Matrix mechanism with a given strategy; NNLS inference
+# ------------------------------------------------------------------------------------------------
+
+
+def test_matrix_given_strategy_error_is_independent_formula():
+    w = AllRange(16)
+    A = hierarchical_strategy(16).A.toarray()
+    W = w.matrix()
+    for priv, sens in ((EPS, np.abs(A).sum(axis=0).max()), (EPS_DELTA, np.sqrt((A**2).sum(axis=0).max()))):
+        mm = MatrixMechanism(A).fit(w, priv)
+        # Independent: ||W A^+||_F^2 by lstsq, not the Gram route the core uses.
+        Bls = np.linalg.lstsq(A.T, W.T, rcond=None)[0].T
+        want = priv.variance_factor * sens**2 * float(np.sum(Bls**2))
+        assert mm.expected_error_.total == pytest.approx(want, rel=1e-9)
+        assert mm.fit_info_.status == "given"
+
+
+def test_matrix_given_strategy_drops_explicit_b():
+    A = np.eye(4)
+    mm = MatrixMechanism(Strategy(A, B=np.ones((1, 4)), name="s")).fit(np.ones((1, 4)), EPS)
+    assert mm.strategy_.B is None
+
+
+def test_matrix_refuses_unsupporting_strategy_before_answering():
+    A = np.array([[1.0, 1.0, 0.0, 0.0], [0.0, 0.0, 1.0, 1.0]])
+    with pytest.raises(MechanismError, match="does not support"):
+        MatrixMechanism(A).fit(np.eye(4), EPS)
+
+
+@pytest.mark.parametrize("bad", [{"strategy": "svd"}, {"inference": "ridge"}, {"factor": "qr"}, {"solver": 3}])
+def test_matrix_bad_parameters(bad):
+    with pytest.raises(ValueError):
+        MatrixMechanism(**bad)
+
+
+def test_nnls_answers_are_reported_data_dependent():
+    w = AllRange(32)
+    x = np.zeros(32)
+    x[[3, 17]] = [40.0, 5.0]
+    nn = MatrixMechanism(hierarchical_strategy(32), inference="nnls").fit(w, Privacy(0.5))
+    ans = nn.answer(x, np.random.default_rng(0))
+    assert nn.answer_info_["inference"] == "nnls" and nn.answer_info_["data_dependent"]
+    assert not nn.answer_info_["analytic_error_applies"]
+    assert np.all(ans >= -1e-9)  # W x_hat with x_hat >= 0 and a 0/1 workload
+    ls = MatrixMechanism(hierarchical_strategy(32)).fit(w, Privacy(0.5))
+    ls.answer(x, np.random.default_rng(0))
+    assert ls.answer_info_ == {"inference": "ls", "data_dependent": False, "analytic_error_applies": True}
+
+
+def test_nnls_never_farther_from_truth_than_least_squares_in_measurement_space():
+    """A x_hat is the projection of y onto the cone {A v : v >= 0}, which holds A x: non-expansive."""
+    from dpopt.mechanisms.matrix import nnls_estimate
+
+    A = hierarchical_strategy(16).A.toarray()
+    rng = np.random.default_rng(3)
+    x = np.where(rng.random(16) < 0.3, rng.integers(1, 20, 16), 0).astype(float)
+    for _ in range(50):
+        y = A @ x + rng.laplace(0, 5.0, A.shape[0])
+        x_ls = np.linalg.lstsq(A, y, rcond=None)[0]
+        x_nn, _ = nnls_estimate(A, y)
+        assert np.linalg.norm(A @ (x_nn - x)) <= np.linalg.norm(A @ (x_ls - x)) + 1e-9
+
+
+def test_nnls_estimate_is_non_negative_and_optimal():
+    from dpopt.mechanisms.matrix import nnls_estimate
+
+    rng = np.random.default_rng(0)
+    A = rng.normal(size=(12, 6))
+    y = rng.normal(size=12)
+    x_hat, rnorm = nnls_estimate(A, y)
+    assert np.all(x_hat >= 0)
+    # KKT: gradient A^T (A x - y) >= 0, and = 0 where x_hat > 0.
+    g = A.T @ (A @ x_hat - y)
+    assert np.all(g >= -1e-9) and np.allclose(g[x_hat > 1e-12], 0, atol=1e-9)
+    import scipy.sparse as sp
+
+    x_sp, _ = nnls_estimate(sp.csr_matrix(A), y)
+    np.testing.assert_allclose(x_sp, x_hat, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------------
+# Shared checks: support, Monte Carlo, bound (cheap selections)
+# ------------------------------------------------------------------------------------------------
+
+CHEAP = ["laplace", "identity", "hierarchical", "wavelet", "om"]
+
+
+@pytest.mark.parametrize("wname", list(WORKLOADS))
+@pytest.mark.parametrize("name", CHEAP)
+def test_cheap_mechanisms_eps_dp(name, wname):
+    w = WORKLOADS[wname]
+    mech = make_mechanism(name).fit(w, EPS)
+    check_fitted(mech, data_vector(w.n), seed=zlib.crc32(f"{name}/{wname}".encode()))
+
+
+@pytest.mark.parametrize("name", CHEAP)
+def test_cheap_mechanisms_gaussian(name):
+    w = WORKLOADS["wrange64x128"]
+    mech = make_mechanism(name).fit(w, EPS_DELTA)
+    check_fitted(mech, data_vector(w.n), seed=11)
+
+
+def test_unfitted_mechanism_errors():
+    for name in ("laplace", "om", "lrm", "eigen", "mm-optimal"):
+        mech = make_mechanism(name)
+        with pytest.raises(MechanismError, match=rf"^{name}: call fit"):
+            mech.answer(np.zeros(4), np.random.default_rng(0))
+        with pytest.raises(MechanismError, match=rf"^{name}: call fit"):
+            mech.expected_error()
+
+
+def test_answer_requires_generator():
+    om = OrthogonalMechanism().fit(EX1_W, EPS)
+    with pytest.raises(MechanismError, match="Generator"):
+        om.answer(np.ones(4), 0)  # type: ignore[arg-type]
