@@ -8,6 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
+from dpopt.error import expected_error
+from dpopt.privacy import Privacy
 from dpopt.solvers.orthogonal import (
     OMStrategy,
     construct_b,
@@ -20,6 +22,7 @@ from dpopt.solvers.orthogonal import (
     subdomain_queries,
     w_tau_matrix,
 )
+from dpopt.strategy import Strategy
 
 # Seed 001, Example 1 (Section 4.2), as printed.
 EX1_W = np.array(
@@ -89,7 +92,7 @@ def test_example1_exact_in_input_order():
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3, 4, 5])
-@pytest.mark.parametrize("basis", ["rows", "orthonormal"])
+@pytest.mark.parametrize("basis", ["auto", "rows", "orthonormal"])
 def test_example1_up_to_row_order_and_sign(seed, basis):
     om = orthogonal_strategy(EX1_W, rng=seed, basis=basis)
     perm, sign = _match_rows(om.W_tilde, EX1_W_TILDE)
@@ -118,7 +121,7 @@ def test_example1_sensitivities_and_errors():
 # ------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("basis", ["rows", "orthonormal"])
+@pytest.mark.parametrize("basis", ["auto", "rows", "orthonormal"])
 @pytest.mark.parametrize("label,W", RANDOM_CASES, ids=[c[0] for c in RANDOM_CASES])
 @pytest.mark.parametrize("seed", [None, 11, 12])
 def test_decomposition_exact(label, W, seed, basis):
@@ -131,7 +134,7 @@ def test_decomposition_exact(label, W, seed, basis):
     assert om.sens1 == pytest.approx(1.0, abs=1e-12)
 
 
-@pytest.mark.parametrize("basis", ["rows", "orthonormal"])
+@pytest.mark.parametrize("basis", ["auto", "rows", "orthonormal"])
 @pytest.mark.parametrize("label,W", RANDOM_CASES, ids=[c[0] for c in RANDOM_CASES])
 def test_subdomain_structure(label, W, basis):
     om = orthogonal_strategy(W, rng=3, basis=basis)
@@ -162,6 +165,10 @@ def test_subdomain_structure(label, W, basis):
         if basis == "orthonormal":
             G = Q @ Q.T
             np.testing.assert_allclose(G, G[0, 0] * np.eye(Q.shape[0]), atol=1e-12)
+        elif basis == "auto" and Q.shape[0] == D_j.size:
+            # full-rank sub-domain: unit queries, so B's block is W's columns
+            np.testing.assert_array_equal(Q, np.eye(D_j.size))
+            np.testing.assert_allclose(om.B[:, rows_j], W[:, D_j], atol=1e-15)
         else:
             # each query is a scaled restriction of one of the selected rows
             C = W[om.independent_rows][np.ix_(S_l, D_j)]
@@ -221,7 +228,7 @@ def test_property_small_integer_workloads(W):
         with pytest.raises(ValueError, match="no non-zero entry"):
             orthogonal_strategy(W)
         return
-    for basis in ("rows", "orthonormal"):
+    for basis in ("auto", "rows", "orthonormal"):
         om = orthogonal_strategy(W, rng=0, basis=basis)
         np.testing.assert_allclose(om.B @ om.W_tilde, W, atol=1e-10)
         assert om.diagnostics["rank"] == np.linalg.matrix_rank(W)
@@ -255,6 +262,27 @@ def test_theorem5_against_noise_covariance(label, W):
     A2, B2 = D @ om.W_tilde, om.B @ np.linalg.inv(D)
     expected = 2 * _sens1(A2) ** 2 * np.sum(B2**2) / eps**2
     assert om_expected_error(B2, A2, eps) == pytest.approx(expected, rel=1e-12)
+
+
+def test_theorem5_matches_generic_error_module():
+    """Theorem 5 against dpopt.error's matrix-mechanism formula with the same (W~, B)."""
+    W = w_tau_matrix(12, 40, 0.4, np.random.default_rng(21))
+    om = orthogonal_strategy(W, basis="rows")
+    report = expected_error(Strategy(om.W_tilde, om.B), W, Privacy(0.3))
+    assert om.expected_error(0.3) == pytest.approx(report.total, rel=1e-10)
+
+
+def test_auto_basis_beats_literal_rows_on_full_subdomain():
+    """Cells 0, 1 are touched by the same three independent rows; the first two, restricted to them,
+    are nearly dependent, so the literal basis expresses the third through huge coefficients."""
+    W = np.array([[1.0, 1.0, 1, 0, 0], [1.0, 1.001, 0, 1, 0], [1.0, -1.0, 0, 0, 1]])
+    literal = orthogonal_strategy(W, basis="rows")
+    auto = orthogonal_strategy(W, basis="auto")
+    assert [d.tolist() for d in auto.subdomains][0] == [0, 1]
+    np.testing.assert_array_equal(auto.W_tilde, np.eye(5))
+    assert auto.expected_error(1.0) == pytest.approx(2 * np.sum(W**2), rel=1e-12)
+    assert literal.expected_error(1.0) > 1e5 * auto.expected_error(1.0)
+    np.testing.assert_allclose(literal.B @ literal.W_tilde, W, atol=1e-9)
 
 
 def test_algorithm1_monte_carlo_matches_theorem5():

@@ -39,8 +39,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-Basis = Literal["rows", "orthonormal"]
-_BASES = ("rows", "orthonormal")
+Basis = Literal["auto", "rows", "orthonormal"]
+_BASES = ("auto", "rows", "orthonormal")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -228,26 +228,30 @@ def split_domain(support: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
     return parts
 
 
-def subdomain_queries(C: np.ndarray, *, basis: Basis = "rows", tol: float = 1e-10) -> np.ndarray:
+def subdomain_queries(C: np.ndarray, *, basis: Basis = "auto", tol: float = 1e-10) -> np.ndarray:
     """OM Algorithm 2, lines 13-17 (seed 001, Section 4.2): tau_j independent, normalised queries on one sub-domain.
 
     C: (|S_l|, p) the selected rows restricted to the sub-domain D~_j (line 14: the query "that
     represents D~_j within D_{S_l(i)}" is read as the restriction of that row to D~_j). tau_j = rank(C)
     at relative tolerance tol. The paper does not say which independent queries to build, nor what
-    "normalised" means; the choice here:
+    "normalised" means; the choices here:
 
-    - basis="rows" (default, the literal reading "from C"): the first tau_j rows of C, in order, that
-      are independent of the ones before them.
+    - basis="rows" (the literal reading "from C"): the first tau_j rows of C, in order, that are
+      independent of the ones before them.
+    - basis="auto" (default): as "rows", except when tau_j = p (C spans every query on the
+      sub-domain), where the p unit queries e_x, x in D~_j, are used. They span the same space and
+      give B's block W[:, D~_j] at sensitivity 1, where p rows of C, often ill-conditioned when
+      p > 1, inflate ||B||_F (measured in benchmarks/results/orthogonal.md, m <= 16).
     - basis="orthonormal": the tau_j leading right singular vectors of C (Euclidean-orthonormal rows).
 
     Each query is given the sign that makes its largest-magnitude entry positive (first one on ties);
-    with basis="rows" it is also divided by that magnitude. Then the whole block is divided by its
-    largest column L1 norm, so
-    the block's sensitivity is exactly 1. Equal block sensitivities are the best any per-block scaling
-    can do for Theorem 5 (the error scales with max_j S_j^2 while B's columns scale with 1/S_j), and
-    with them the per-block noise of Theorem 5's proof (Var(beta_j) = 2 S(Q~_j)^2 / eps^2) and the
-    single scale of Algorithm 1 coincide. For one query on one cell this gives the unit query e_x of
-    Example 1. With basis="orthonormal" the rows stay mutually orthogonal with equal L2 norms.
+    with "rows"/"auto" it is also divided by that magnitude. Then the whole block is divided by its
+    largest column L1 norm, so the block's sensitivity is exactly 1. Equal block sensitivities are the
+    best any per-block scaling can do for Theorem 5 (the error scales with max_j S_j^2 while B's
+    columns scale with 1/S_j), and with them the per-block noise of Theorem 5's proof
+    (Var(beta_j) = 2 S(Q~_j)^2 / eps^2) and the single scale of Algorithm 1 coincide. For one query on
+    one cell every basis gives the unit query e_x of Example 1. With basis="orthonormal" the rows stay
+    mutually orthogonal with equal L2 norms.
 
     Returns Q~_j: (tau_j, p).
     """
@@ -255,10 +259,12 @@ def subdomain_queries(C: np.ndarray, *, basis: Basis = "rows", tol: float = 1e-1
     tol = _check_tol(tol)
     if basis not in _BASES:
         raise ValueError(f"basis must be one of {_BASES}, got {basis!r}")
-    if basis == "rows":
+    if basis in ("rows", "auto"):
         keep = _greedy_independent(C, np.arange(C.shape[0]), tol)
         if not keep:
             raise ValueError("C has no non-zero row; a sub-domain needs at least one query")
+        if basis == "auto" and len(keep) == C.shape[1]:
+            return np.eye(C.shape[1])
         Q = C[keep].copy()
     else:
         _, sigma, Vt = np.linalg.svd(C, full_matrices=False)
@@ -268,7 +274,7 @@ def subdomain_queries(C: np.ndarray, *, basis: Basis = "rows", tol: float = 1e-1
         Q = Vt[:tau_j].copy()
     peak = Q[np.arange(Q.shape[0]), np.argmax(np.abs(Q), axis=1)][:, None]
     # Rows are scaled to a largest entry of 1; orthonormal rows only get their sign, keeping equal norms.
-    Q /= peak if basis == "rows" else np.sign(peak)
+    Q /= np.sign(peak) if basis == "orthonormal" else peak
     Q /= np.max(np.sum(np.abs(Q), axis=0))
     return Q
 
@@ -278,7 +284,7 @@ def construct_w_tilde(
     *,
     rng: np.random.Generator | int | None = None,
     tol: float = 1e-10,
-    basis: Basis = "rows",
+    basis: Basis = "auto",
 ) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray], np.ndarray]:
     """OM Algorithm 2 (seed 001, Section 4.2): the new query set W~ over disjoint sub-domains.
 
@@ -365,7 +371,7 @@ def orthogonal_strategy(
     *,
     rng: np.random.Generator | int | None = None,
     tol: float = 1e-10,
-    basis: Basis = "rows",
+    basis: Basis = "auto",
     residual_tol: float = 1e-8,
 ) -> OMStrategy:
     """OM Algorithms 2 and 3 (seed 001, Section 4.2): the decomposition W = B W~ used by Algorithm 1.
@@ -374,7 +380,8 @@ def orthogonal_strategy(
     rng: None scans rows in input order for Algorithm 2, line 1; an int seed or Generator scans them in
         a random order (deterministic given the seed).
     tol: relative tolerance of every rank decision (selection of rows, tau_j per sub-domain).
-    basis: how a sub-domain's queries are built, "rows" or "orthonormal" (see `subdomain_queries`).
+    basis: how a sub-domain's queries are built, "auto", "rows" or "orthonormal" (see
+        `subdomain_queries`).
     residual_tol: W = B W~ is checked before returning; ValueError when max|W - B W~| exceeds
         residual_tol * max|W| (this happens only when tol declares rows dependent that are not).
 
