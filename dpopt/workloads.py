@@ -324,6 +324,25 @@ class WidthK(Workload):
         return [f"[{s},{s + self._k - 1}]" for s in range(self._n - self._k + 1)]
 
 
+class _DenseWorkload(Workload):
+    """A workload generated once as a dense matrix self._W (m x n)."""
+
+    _W: np.ndarray
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (int(self._W.shape[0]), int(self._W.shape[1]))
+
+    def matrix(self) -> np.ndarray:
+        return self._W
+
+    def sparse(self) -> sp.csr_matrix:
+        return sp.csr_matrix(self._W)
+
+    def gram(self) -> np.ndarray:
+        return self._W.T @ self._W
+
+
 class WRange(Workload):
     """WRange(m, n): m random ranges, endpoints uniform on the domain (seed 000, Section 6)."""
 
@@ -347,7 +366,7 @@ class WRange(Workload):
         return [f"[{a},{b}]" for a, b in zip(self._starts, self._ends, strict=True)]
 
 
-class WDiscrete(Workload):
+class WDiscrete(_DenseWorkload):
     """WDiscrete(m, n): W_ij = 1 with probability p = 0.02, else off_value (seed 000, Section 6).
 
     The paper's text sets the non-selected entries to -1 (`off_value=-1`, the default, as printed); the
@@ -374,21 +393,8 @@ class WDiscrete(Workload):
         self.off_value = float(off_value)
         self.name = f"wdiscrete({self._m}x{self._n}{'' if off_value == -1 else ',0/1'})"
 
-    @property
-    def shape(self) -> tuple[int, int]:
-        return (self._m, self._n)
 
-    def matrix(self) -> np.ndarray:
-        return self._W
-
-    def sparse(self) -> sp.csr_matrix:
-        return sp.csr_matrix(self._W)
-
-    def gram(self) -> np.ndarray:
-        return self._W.T @ self._W
-
-
-class WRelated(Workload):
+class WRelated(_DenseWorkload):
     """WRelated(m, n, s) = C A with standard normal C (m x s) and A (s x n): rank s (seed 000, Section 6)."""
 
     def __init__(self, m: int, n: int, s: int, seed: int | np.random.Generator | None = 0) -> None:
@@ -401,21 +407,8 @@ class WRelated(Workload):
         self._W = C @ A
         self.name = f"wrelated({self._m}x{self._n},s={self.s})"
 
-    @property
-    def shape(self) -> tuple[int, int]:
-        return (self._m, self._n)
 
-    def matrix(self) -> np.ndarray:
-        return self._W
-
-    def sparse(self) -> sp.csr_matrix:
-        return sp.csr_matrix(self._W)
-
-    def gram(self) -> np.ndarray:
-        return self._W.T @ self._W
-
-
-class WTau(Workload):
+class WTau(_DenseWorkload):
     """W_tau(m, n, tau): the Orthogonal Mechanism paper's tau-sparse random workload (seed 001, Section 5)."""
 
     def __init__(self, m: int, n: int, tau: float, seed: int | np.random.Generator | None = 0) -> None:
@@ -426,19 +419,6 @@ class WTau(Workload):
         self.tau = float(tau)
         self._W = np.asarray(w_tau_matrix(self._m, self._n, self.tau, as_generator(seed)), dtype=float)
         self.name = f"wtau({self._m}x{self._n},tau={self.tau:g})"
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return (self._m, self._n)
-
-    def matrix(self) -> np.ndarray:
-        return self._W
-
-    def sparse(self) -> sp.csr_matrix:
-        return sp.csr_matrix(self._W)
-
-    def gram(self) -> np.ndarray:
-        return self._W.T @ self._W
 
 
 class AllPredicate(Workload):
