@@ -49,6 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
     from dpopt.release_cli import add_answer_parser
 
     add_answer_parser(sub)
+
+    from dpopt.cli_experiments import add_parsers as add_experiment_parsers
+
+    add_experiment_parsers(sub)
     return parser
 
 
@@ -68,6 +72,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             mechs = [m.strip() for m in args.mechanisms.split(",") if m.strip()] if args.mechanisms else None
             return main_compare(parse_workload(args.workload), _privacy(args), mechs, args.format, args.plot)
+        from dpopt import cli_experiments
+
+        if args.command in cli_experiments.COMMANDS:
+            return cli_experiments.dispatch(args)
     except (SpecError, ValueError) as exc:
         print(f"dpopt: error: {exc}", file=sys.stderr)
         return 2

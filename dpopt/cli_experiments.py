@@ -1,0 +1,149 @@
+"""The experiment subcommands of `dpopt`: sweep, reproduce, crossval (parsers and handlers)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+COMMANDS = ("sweep", "reproduce", "crossval")
+
+SWEEP_EPILOG = """\
+config file (TOML or JSON), e.g.:
+  name = "ranges"
+  workloads = ["allrange:{n}", "wrange:{m}x{n}"]   # workload specs with {size} fields
+  mechanisms = ["identity", "wavelet", {name = "hierarchical", params = {branching = [2, 4]}}]
+  solvers = ["default"]          # passed as solver= to mechanisms that take one
+  epsilon = [0.1, 1.0]
+  delta = [0.0, 1e-6]
+  calibration = "classic"        # or "analytic"
+  repetitions = 3                # random workloads get a fresh seed per repetition
+  monte_carlo_trials = 0         # > 1 adds sampled errors
+  data = "npy:PATH"              # optional data vector (merged to n cells) or "poisson:MEAN"
+  [sizes]
+  n = [64, 128]
+  m = [32]
+
+Results: one row per task (CSV). With --cache DIR an interrupted sweep resumes where it stopped."""
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+    return v
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Register the sweep, reproduce and crossval subcommands on `dpopt`'s subparsers."""
+    from dpopt.reproduce import EXPERIMENTS
+
+    p = sub.add_parser(
+        "sweep",
+        help="run a parameter grid (workload x size x mechanism x solver x eps x delta x repetition)",
+        description="Expand a sweep config into independent tasks, run them in local processes (default) or "
+        "on a Dask cluster (--scheduler), and write one tidy table with a row per task.",
+        epilog=SWEEP_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("config", help="sweep config, .toml or .json")
+    p.add_argument("--scheduler", default=None, help="Dask scheduler address (e.g. tcp://host:8786)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="local worker processes (default: one per core; 0 runs in this process)")
+    p.add_argument("--cache", default=None, help="directory of per-task results (resume and reuse)")
+    p.add_argument("--out", default=None, help="write the results here (.csv; default: CSV on stdout)")
+    p.add_argument("--plot", default=None, help="also draw mean error per mechanism and workload to this PNG")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+    p = sub.add_parser(
+        "reproduce",
+        help="rerun a table or figure of the source papers and compare with the published values",
+        description="Rerun a paper's experiment (default scale: minutes; --full: the paper's scale), write "
+        "NAME.csv, NAME-summary.csv and NAME.png under --out, and print where our numbers differ.",
+        epilog="experiments:\n" + "\n".join(f"  {e.name:18s} {e.title} ({e.source})" for e in EXPERIMENTS.values()),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("name", choices=list(EXPERIMENTS), metavar="NAME", help="experiment name (see below)")
+    p.add_argument("--full", action="store_true", help="the paper's parameter ranges and repetitions")
+    p.add_argument("--out", default="reproduce", help="output directory (default ./reproduce)")
+    p.add_argument("--plot", default=None, help="copy the figure to this PNG path as well")
+    p.add_argument("--repetitions", type=_positive_int, default=None, help="override the repetitions")
+    p.add_argument("--workers", type=int, default=None, help="local worker processes (0: in this process)")
+    p.add_argument("--scheduler", default=None, help="Dask scheduler address")
+    p.add_argument("--cache", default=None, help="directory of per-task results (resume and reuse)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+    p = sub.add_parser(
+        "crossval",
+        help="run every hand-written solver beside its CVXPY model and check that they agree",
+        description="For each pair (hand-written solver, CVXPY model) and each installed conic solver, solve "
+        "the same instances and print objectives, relative differences, times and statuses. Exits 1 if a "
+        "convex pair differs by more than 1e-4 relative, or a non-convex solver (LRM) is more than 1%% "
+        "worse than its reference.",
+    )
+    p.add_argument("--quick", action="store_true", help="small instances only (under a minute)")
+    p.add_argument("--pairs", default=None, help="comma-separated pair names (default: all)")
+    p.add_argument("--solvers", default=None, help="comma-separated conic solvers (default: all installed)")
+    p.add_argument("--format", "-f", choices=["table", "markdown", "csv", "json"], default="table")
+    p.add_argument("--out", default=None, help="also write the table as CSV here")
+    p.add_argument("--plot", default=None, help="draw times and relative differences to this PNG")
+
+
+def dispatch(args: argparse.Namespace) -> int:
+    """Run the subcommand named by args.command; returns the exit status."""
+    if args.command == "sweep":
+        return _sweep(args)
+    if args.command == "reproduce":
+        return _reproduce(args)
+    if args.command == "crossval":
+        return _crossval(args)
+    raise ValueError(f"unknown experiment command {args.command!r}; expected one of {', '.join(COMMANDS)}")
+
+
+def _check_workers(workers: int | None) -> None:
+    if workers is not None and workers < 0:
+        raise ValueError(f"--workers must be >= 0, got {workers}")
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from dpopt.experiments import load_config, plot_sweep, run_sweep
+
+    _check_workers(args.workers)
+    cfg = load_config(args.config)
+    df = run_sweep(cfg, max_workers=args.workers, scheduler=args.scheduler, cache=args.cache,
+                   progress=not args.no_progress)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        df.to_csv(args.out, index=False)
+        counts = df["status"].astype(str).str.split(":").str[0].value_counts()
+        print(f"{len(df)} tasks ({', '.join(f'{k}: {v}' for k, v in counts.items())}); wrote {args.out}")
+    else:
+        df.to_csv(sys.stdout, index=False)
+    if args.plot:
+        plot_sweep(df, args.plot)
+    return 0
+
+
+def _reproduce(args: argparse.Namespace) -> int:
+    import shutil
+
+    from dpopt.reproduce import reproduce
+
+    _check_workers(args.workers)
+    res = reproduce(args.name, full=args.full, out=args.out, max_workers=args.workers, scheduler=args.scheduler,
+                    cache=args.cache, repetitions=args.repetitions, progress=not args.no_progress)
+    if args.plot and "png" in res.files:
+        shutil.copyfile(res.files["png"], args.plot)
+    return 0
+
+
+def _crossval(args: argparse.Namespace) -> int:
+    from dpopt.crossval import main_crossval
+
+    pairs = [p.strip() for p in args.pairs.split(",") if p.strip()] if args.pairs else None
+    solvers = [s.strip() for s in args.solvers.split(",") if s.strip()] if args.solvers else None
+    return main_crossval(quick=args.quick, pairs=pairs, solvers=solvers, fmt=args.format, out=args.out,
+                         plot=args.plot)
