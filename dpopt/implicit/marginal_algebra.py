@@ -1,0 +1,105 @@
+"""The algebra of marginal workloads over a product domain (seed 004 Thm. 5.5; ResidualPlanner, Xiao et al. 2023).
+
+On attribute i (size n_i) split R^{n_i} into span(1) and its orthogonal complement, with projectors
+P0_i = 1 1^T / n_i and P1_i = I - P0_i. For an attribute subset A the residual projector is
+Q_A = (x)_{i in A} P1_i (x)_{i not in A} P0_i; the Q_A are orthogonal projectors summing to I, Q_A has rank
+r_A = prod_{i in A} (n_i - 1) and constant diagonal r_A / N (N = prod n_i).
+
+The marginal on S has Gram (x)_{i in S} I (x)_{i not in S} 1 1^T = N_{-S} sum_{A subset of S} Q_A with
+N_{-S} = prod_{i not in S} n_i, so a weighted marginal workload has Gram sum_A c_A Q_A with
+c_A = sum_{S superset of A} w_S^2 N_{-S}: its eigenvalues are c_A with multiplicity r_A.
+
+Subsets are Python int bitmasks (bit i = attribute i), so any number of attributes works; only subsets of
+workload marginals ("the down-closure") are ever enumerated, never all 2^d.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import scipy.sparse as sp
+
+
+def mask_of(attrs: Iterable[int]) -> int:
+    """Bitmask of an attribute subset."""
+    m = 0
+    for a in attrs:
+        m |= 1 << int(a)
+    return m
+
+
+def attrs_of(mask: int) -> tuple[int, ...]:
+    """Sorted attribute indices of a bitmask."""
+    out, i = [], 0
+    while mask:
+        if mask & 1:
+            out.append(i)
+        mask >>= 1
+        i += 1
+    return tuple(out)
+
+
+def submasks(mask: int) -> list[int]:
+    """All subsets of `mask` (including 0 and mask itself)."""
+    out, s = [], mask
+    while True:
+        out.append(s)
+        if s == 0:
+            return out
+        s = (s - 1) & mask
+
+
+def down_closure(masks: Iterable[int]) -> list[int]:
+    """Every subset of every given mask, sorted by (size, mask)."""
+    seen: set[int] = set()
+    for m in masks:
+        if m not in seen:
+            seen.update(submasks(m))
+    return sorted(seen, key=lambda s: (bin(s).count("1"), s))
+
+
+def log_prod(sizes: Sequence[int], mask: int, complement: bool = False) -> float:
+    """log prod_{i in mask} n_i (or over the complement of mask)."""
+    return float(sum(math.log(n) for i, n in enumerate(sizes) if bool(mask >> i & 1) != complement))
+
+
+def prod_outside(sizes: Sequence[int], mask: int) -> float:
+    """N_{-S} = prod_{i not in S} n_i as a float (may exceed int64)."""
+    return math.exp(log_prod(sizes, mask, complement=True))
+
+
+def residual_rank(sizes: Sequence[int], mask: int) -> int:
+    """r_A = prod_{i in A} (n_i - 1): rank of Q_A (0 when some attribute in A has a single value)."""
+    return math.prod(sizes[i] - 1 for i in attrs_of(mask))
+
+
+def eigen_weights(
+    sizes: Sequence[int], masks: Sequence[int], weights: np.ndarray, closure: Sequence[int]
+) -> np.ndarray:
+    """c_A = sum_{S in masks, S superset of A} w_S^2 N_{-S} for every A in `closure` (Gram eigenvalue on Q_A)."""
+    index = {a: j for j, a in enumerate(closure)}
+    c = np.zeros(len(closure))
+    for S, w in zip(masks, weights, strict=True):
+        val = float(w) ** 2 * prod_outside(sizes, S)
+        for A in submasks(S):
+            c[index[A]] += val
+    return c
+
+
+def superset_incidence(sizes: Sequence[int], rows: Sequence[int], cols: Sequence[int]) -> sp.csr_matrix:
+    """K[A, T] = N_{-T} when A is a subset of T, else 0 (rows: subsets A, columns: measured marginals T).
+
+    With strategy marginals T weighted theta_T, the strategy Gram has eigenvalue x_A = (K theta^2)_A on Q_A.
+    """
+    index = {a: j for j, a in enumerate(rows)}
+    r, c, v = [], [], []
+    for jt, T in enumerate(cols):
+        val = prod_outside(sizes, T)
+        for A in submasks(T):
+            if A in index:
+                r.append(index[A])
+                c.append(jt)
+                v.append(val)
+    return sp.csr_matrix((v, (r, c)), shape=(len(rows), len(cols)))

@@ -1,0 +1,285 @@
+"""Marginal-algebra strategies: strategy Gram X = sum_A x_A Q_A over a product domain (see `marginal_algebra`).
+
+Two ways to measure such an X:
+- kind "residual" (ResidualPlanner, Xiao et al. NeurIPS 2023): for each subset A, the residual block
+  sqrt(x_A) B_A with B_A = (x)_{i in A} U_i^T (x)_{i not in A} 1^T / sqrt(n_i), U_i an orthonormal basis of
+  1-perp (Helmert); B_A has orthonormal rows and B_A^T B_A = Q_A. Every column of the stack has squared norm
+  sum_A x_A r_A / N, so sens2 is exact. Intended for Gaussian noise.
+- kind "marginals" (HDMM's marginal template, OPT_M): the marginal tables T, weighted theta_T; then
+  x_A = sum_{T superset of A} theta_T^2 N_{-T}; every column holds exactly one 1 per marginal, so
+  sens1 = sum theta_T and sens2 = sqrt(sum theta_T^2) are exact.
+
+Least squares through the algebra: X^+ = sum_A Q_A / x_A, so the estimate of the data's Q_A component
+needs only A-tables (arrays over the attributes in A); a workload marginal S is then
+N_{-S} * sum_{A subset of S} (A-table broadcast over S). The full data vector is never formed: measuring
+needs only the marginal tables of the data over the measured subsets.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from functools import cached_property
+
+import numpy as np
+import scipy.sparse as sp
+
+from dpopt.error import ErrorReport
+from dpopt.implicit.marginal_algebra import attrs_of, prod_outside, residual_rank, submasks
+from dpopt.implicit.strategy import SUPPORT_RTOL, _report
+from dpopt.implicit.workloads import MarginalsWorkload
+from dpopt.privacy import Privacy
+from dpopt.strategy import Strategy, StrategyError
+from dpopt.workloads import MAX_DENSE_ENTRIES
+
+KINDS = ("residual", "marginals")
+TableFn = Callable[[tuple[int, ...]], np.ndarray]
+
+
+def helmert_basis(n: int) -> np.ndarray:
+    """Orthonormal basis of the complement of the ones vector in R^n (n x (n - 1)), Helmert's construction."""
+    U = np.zeros((n, n - 1))
+    for j in range(1, n):
+        U[:j, j - 1] = 1.0
+        U[j, j - 1] = -float(j)
+        U[:, j - 1] /= math.sqrt(j * (j + 1))
+    return U
+
+
+def _apply_axes(T: np.ndarray, mats: Sequence[np.ndarray]) -> np.ndarray:
+    """Apply mats[k] (r_k x n_k) along axis k of T, for every axis."""
+    for k, M in enumerate(mats):
+        T = np.moveaxis(np.tensordot(M, T, axes=(1, k)), 0, k)
+    return T
+
+
+def _center(T: np.ndarray, axes: Sequence[int]) -> np.ndarray:
+    """Apply I - 1 1^T / n_k along each axis in `axes`."""
+    for k in axes:
+        T = T - T.mean(axis=k, keepdims=True)
+    return T
+
+
+class MarginalStrategy:
+    """Strategy Gram sum_A x_A Q_A measured as residual blocks or weighted marginal tables."""
+
+    def __init__(
+        self,
+        domain_sizes: Sequence[int],
+        kind: str,
+        subsets: Sequence[Sequence[int]],
+        params: Sequence[float] | np.ndarray,
+        name: str | None = None,
+    ) -> None:
+        if kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+        self.domain_sizes = tuple(int(n) for n in domain_sizes)
+        d = len(self.domain_sizes)
+        subs = [tuple(sorted({int(a) for a in s})) for s in subsets]
+        if any(a < 0 or a >= d for s in subs for a in s):
+            raise ValueError(f"subsets name attributes outside 0..{d - 1}")
+        p = np.asarray(params, dtype=float)
+        if p.shape != (len(subs),) or not np.all(np.isfinite(p)) or np.any(p < 0):
+            raise ValueError(f"params must be {len(subs)} finite non-negative numbers")
+        keep = p > 0
+        if not np.any(keep):
+            raise ValueError("strategy measures nothing: every parameter is zero")
+        self.kind = kind
+        self.subsets = [s for s, k in zip(subs, keep, strict=True) if k]
+        self.masks = [sum(1 << a for a in s) for s in self.subsets]
+        self.params = p[keep]
+        self.name = name or f"{kind}-strategy"
+        self._N = math.prod(float(n) for n in self.domain_sizes)
+
+    # -- spectrum and sensitivity ------------------------------------------------------------------
+    @cached_property
+    def _x(self) -> dict[int, float]:
+        """x_A for every A with x_A > 0."""
+        out: dict[int, float] = {}
+        if self.kind == "residual":
+            for A, v in zip(self.masks, self.params, strict=True):
+                out[A] = out.get(A, 0.0) + float(v)
+            return out
+        for T, th in zip(self.masks, self.params, strict=True):
+            val = float(th) ** 2 * prod_outside(self.domain_sizes, T)
+            for A in submasks(T):
+                out[A] = out.get(A, 0.0) + val
+        return out
+
+    def eigenvalue(self, mask: int) -> float:
+        """x_A: eigenvalue of the strategy Gram on Q_A (0 if A is not measured)."""
+        return self._x.get(mask, 0.0)
+
+    @cached_property
+    def sens2(self) -> float:
+        """Exact L2 sensitivity (constant over cells): sqrt(sum_A x_A r_A / N) = sqrt(sum theta_T^2)."""
+        if self.kind == "marginals":
+            return float(np.sqrt(np.sum(self.params**2)))
+        tot = sum(v * residual_rank(self.domain_sizes, A) for A, v in self._x.items())
+        return math.sqrt(tot / self._N)
+
+    @cached_property
+    def sens1(self) -> float:
+        """Exact L1 sensitivity of the marginal form: sum theta_T (residual blocks are for Gaussian noise)."""
+        if self.kind == "residual":
+            raise ValueError("residual-basis strategies are calibrated for Gaussian noise (L2 sensitivity)")
+        return float(np.sum(self.params))
+
+    def sensitivity(self, norm: int) -> float:
+        """sens1 (norm=1) or sens2 (norm=2)."""
+        if norm not in (1, 2):
+            raise ValueError(f"norm must be 1 or 2, got {norm}")
+        return self.sens1 if norm == 1 else self.sens2
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(r, n): measured rows and cells."""
+        if self.kind == "marginals":
+            r = sum(math.prod(self.domain_sizes[i] for i in s) for s in self.subsets)
+        else:
+            r = sum(residual_rank(self.domain_sizes, A) for A in self.masks)
+        return (r, math.prod(self.domain_sizes))
+
+    # -- error -----------------------------------------------------------------------------------
+    def _check(self, workload: MarginalsWorkload) -> None:
+        if not isinstance(workload, MarginalsWorkload):
+            raise StrategyError(f"{self.name} answers MarginalsWorkload, got {type(workload).__name__}")
+        if workload.domain_sizes != self.domain_sizes:
+            raise StrategyError(
+                f"strategy {self.name} has domain {self.domain_sizes}, workload {workload.name} has "
+                f"{workload.domain_sizes}"
+            )
+
+    def unsupported_fraction(self, workload: MarginalsWorkload) -> float:
+        """sqrt(sum of c_A r_A over unmeasured A / trace(W^T W)): the workload outside the strategy's range."""
+        self._check(workload)
+        cr = workload.eigenvalues * workload.multiplicities
+        miss = np.array([self.eigenvalue(A) <= 0 for A in workload.closure])
+        return float(math.sqrt(cr[miss].sum() / cr.sum()))
+
+    def unit_error(self, workload: MarginalsWorkload) -> float:
+        """trace(W^T W X^+) = sum_A c_A r_A / x_A over the workload's down-closure."""
+        self._check(workload)
+        x = np.array([self.eigenvalue(A) for A in workload.closure])
+        cr = workload.eigenvalues * workload.multiplicities
+        live = cr > 0
+        if np.any(x[live] <= 0):
+            return math.inf
+        return float(np.sum(cr[live] / x[live]))
+
+    def marginal_variances(self, workload: MarginalsWorkload) -> np.ndarray:
+        """Noise variance of each cell of each workload marginal S (unweighted; per unit noise variance).
+
+        trace(G_S X^+) = N_{-S} sum_{A subset of S} r_A / x_A spreads evenly over the N_S cells of S.
+        """
+        self._check(workload)
+        out = []
+        for S in workload.masks:
+            tot = sum(
+                residual_rank(self.domain_sizes, A) / self.eigenvalue(A)
+                for A in submasks(S)
+                if residual_rank(self.domain_sizes, A) > 0
+            )
+            out.append(prod_outside(self.domain_sizes, S) * tot / math.prod(self.domain_sizes[i] for i in attrs_of(S)))
+        return np.array(out)
+
+    def supports(self, workload: MarginalsWorkload, rtol: float = SUPPORT_RTOL) -> bool:
+        """True when every residual space the workload needs is measured."""
+        return self.unsupported_fraction(workload) <= rtol
+
+    def expected_error(
+        self, workload: MarginalsWorkload, privacy: Privacy, rtol: float = SUPPORT_RTOL
+    ) -> ErrorReport:
+        """Exact expected total squared error of the least-squares answers (seed 004 Prop. 3.3 in closed form)."""
+        frac = self.unsupported_fraction(workload)
+        if frac > rtol:
+            raise StrategyError(f"{self.name} does not support {workload.name}: relative residual {frac:.3g}")
+        return _report(self.name, workload, privacy, self.sensitivity(privacy.norm), self.unit_error(workload))
+
+    # -- measuring and reconstructing ------------------------------------------------------------------
+    def measure(self, tables: TableFn, privacy: Privacy, rng: np.random.Generator) -> dict[int, np.ndarray]:
+        """Noisy measurements per measured subset, from the data's marginal tables `tables(attrs)`.
+
+        `tables(attrs)` returns the count table over the sorted attribute tuple attrs (shape (n_i for i in
+        attrs); a 0-d array for the empty tuple). Research-mode noise from `rng`.
+        """
+        if not isinstance(rng, np.random.Generator):
+            raise ValueError("rng must be a numpy.random.Generator (research mode)")
+        if self.kind == "residual" and privacy.is_pure:
+            raise ValueError("residual-basis strategies need Gaussian noise: give a Privacy with delta > 0")
+        sens = self.sensitivity(privacy.norm)
+        out: dict[int, np.ndarray] = {}
+        for s, A, v in zip(self.subsets, self.masks, self.params, strict=True):
+            t = np.asarray(tables(s), dtype=float)
+            expect = tuple(self.domain_sizes[i] for i in s)
+            if t.shape != expect:
+                raise ValueError(f"table for attributes {s} has shape {t.shape}, expected {expect}")
+            if self.kind == "residual":
+                U = [helmert_basis(self.domain_sizes[i]).T for i in s]
+                y = math.sqrt(v) * _apply_axes(t, U) / math.sqrt(prod_outside(self.domain_sizes, A))
+            else:
+                y = v * t
+            out[A] = y + privacy.sample_noise(sens, y.size, rng).reshape(y.shape)
+        return out
+
+    def residual_estimates(self, y: dict[int, np.ndarray], need: Sequence[int]) -> dict[int, np.ndarray]:
+        """Least-squares A-tables z_A (the data's Q_A component is z_A broadcast over the other axes)."""
+        sizes = self.domain_sizes
+        out: dict[int, np.ndarray] = {}
+        for A in need:
+            xa = self.eigenvalue(A)
+            if xa <= 0:
+                raise StrategyError(f"subset {attrs_of(A)} is not measured by {self.name}")
+            a_attrs = attrs_of(A)
+            if self.kind == "residual":
+                U = [helmert_basis(sizes[i]) for i in a_attrs]
+                out[A] = _apply_axes(y[A], U) / (math.sqrt(xa) * math.sqrt(prod_outside(sizes, A)))
+                continue
+            acc = np.zeros(tuple(sizes[i] for i in a_attrs))
+            for s, T, th in zip(self.subsets, self.masks, self.params, strict=True):
+                if A & T != A:
+                    continue
+                drop = tuple(k for k, i in enumerate(s) if not A >> i & 1)
+                m = y[T].sum(axis=drop) if drop else y[T]
+                acc += th * m / math.prod(sizes[s[k]] for k in drop)
+            out[A] = _center(acc, range(len(a_attrs))) / xa
+        return out
+
+    def reconstruct(self, y: dict[int, np.ndarray], workload: MarginalsWorkload) -> list[np.ndarray]:
+        """Least-squares answers W A^+ y: one table per workload marginal (unweighted counts)."""
+        self._check(workload)
+        z = self.residual_estimates(y, [A for A in workload.closure if residual_rank(self.domain_sizes, A) > 0])
+        tables = []
+        for s, S in zip(workload.subsets, workload.masks, strict=True):
+            shape = tuple(self.domain_sizes[i] for i in s)
+            acc = np.zeros(shape)
+            for A in submasks(S):
+                if A not in z:
+                    continue
+                idx = tuple(slice(None) if A >> i & 1 else None for i in s)
+                acc = acc + z[A][idx]
+            tables.append(prod_outside(self.domain_sizes, S) * acc)
+        return tables
+
+    def release(
+        self, tables: TableFn, workload: MarginalsWorkload, privacy: Privacy, rng: np.random.Generator
+    ) -> list[np.ndarray]:
+        """Research-mode answers to every workload marginal from the data's marginal tables."""
+        return self.reconstruct(self.measure(tables, privacy, rng), workload)
+
+    def to_dense(self) -> Strategy:
+        """The explicit strategy matrix (small domains only), for cross-checks against the dense path."""
+        r, n = self.shape
+        if r * n > MAX_DENSE_ENTRIES:
+            raise ValueError(f"{self.name} is {r} x {n}; too large to materialise")
+        blocks = []
+        for s, v in zip(self.subsets, self.params, strict=True):
+            B = np.ones((1, 1))
+            for i, ni in enumerate(self.domain_sizes):
+                if i in s:
+                    F = helmert_basis(ni).T if self.kind == "residual" else np.eye(ni)
+                else:
+                    F = np.ones((1, ni)) / (math.sqrt(ni) if self.kind == "residual" else 1.0)
+                B = np.kron(B, F)
+            blocks.append((math.sqrt(v) if self.kind == "residual" else v) * B)
+        return Strategy(sp.csr_matrix(np.vstack(blocks)), name=self.name)

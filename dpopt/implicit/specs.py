@@ -1,0 +1,84 @@
+"""Workload specs that need the implicit path: large Kronecker products and marginals over a domain file.
+
+- `kron:SPEC,SPEC,...`: a KronWorkload of the 1-D factor specs (any spec `dpopt.specs` understands) when
+  the dense W^T W would exceed MAX_DENSE_ENTRIES (or always with force=True); else None so the dense
+  parser keeps it.
+- `marginals:NAME:K`: all K-way marginals over `<data_dir>/NAME/NAME-domain.json` (e.g. `marginals:adult:2`);
+  `marginals:PATH.json:K` reads that domain file; `marginals:N1xN2x...:K` is implicit when the domain is too
+  large for the dense path (or with force=True).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from dpopt.implicit.adult import DEFAULT_DATA_DIR, load_domain
+from dpopt.implicit.workloads import ImplicitWorkload, KronWorkload, MarginalsWorkload
+from dpopt.specs import SpecError, parse_workload
+from dpopt.workloads import MAX_DENSE_ENTRIES
+
+IMPLICIT_SPEC_HELP = """\
+implicit workload specs (never materialise W or W^T W):
+  kron:SPEC,SPEC,...      Kronecker product of 1-D specs (implicit when n^2 > MAX_DENSE_ENTRIES)
+  marginals:NAME:K        all K-way marginals over DATA_DIR/NAME/NAME-domain.json (e.g. marginals:adult:2)
+  marginals:PATH.json:K   all K-way marginals over the domain in PATH.json
+  marginals:N1xN2x...:K   all K-way marginals over the given sizes (implicit when too large)"""
+
+
+def _too_large(n: int) -> bool:
+    return n * n > MAX_DENSE_ENTRIES
+
+
+def _k(text: str, spec: str) -> int:
+    try:
+        k = int(text)
+    except ValueError:
+        raise SpecError(f"marginal order K must be an integer in spec {spec!r}, got {text!r}") from None
+    if k < 0:
+        raise SpecError(f"marginal order K must be >= 0 in spec {spec!r}")
+    return k
+
+
+def parse_implicit_spec(
+    spec: str, data_dir: str | Path = DEFAULT_DATA_DIR, force: bool = False
+) -> ImplicitWorkload | None:
+    """The implicit workload a spec names, or None when the dense parser should handle it."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise SpecError("empty workload spec")
+    spec = spec.strip()
+    family, _, rest = spec.partition(":")
+    family = family.lower()
+    if family == "kron":
+        parts = [p for p in rest.split(",") if p]
+        if len(parts) < 1:
+            raise SpecError("kron needs comma-separated factor specs, e.g. kron:allrange:64,allrange:32")
+        factors = [parse_workload(p) for p in parts]
+        n = math.prod(f.n for f in factors)
+        if force or _too_large(n):
+            return KronWorkload(factors)
+        return None
+    if family == "marginals":
+        where, sep, ktext = rest.rpartition(":")
+        if not sep or not where:
+            raise SpecError(f"marginals needs NAME:K, PATH.json:K or N1xN2x...:K, got {spec!r}")
+        k = _k(ktext, spec)
+        try:
+            if where.lower().endswith(".json"):
+                names, sizes = load_domain(where)
+                return MarginalsWorkload(sizes, k=k, attribute_names=names, name=f"marginals({k}-way over {Path(where).stem})")
+            if all(part.isdigit() for part in where.lower().split("x")):
+                sizes = [int(s) for s in where.lower().split("x")]
+                if force or _too_large(math.prod(sizes)):
+                    return MarginalsWorkload(sizes, k=k)
+                return None
+            path = Path(data_dir) / where / f"{where}-domain.json"
+            if not path.is_file():
+                raise SpecError(f"no domain file for {where!r}: expected {path}")
+            names, sizes = load_domain(path)
+            return MarginalsWorkload(sizes, k=k, attribute_names=names, name=f"marginals({k}-way over {where})")
+        except SpecError:
+            raise
+        except ValueError as exc:
+            raise SpecError(f"bad workload spec {spec!r}: {exc}") from None
+    return None

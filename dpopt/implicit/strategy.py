@@ -1,0 +1,232 @@
+"""Strategies in factored form: Kronecker products of 1-D strategies, and marginal-algebra strategies.
+
+Everything is computed through the factors:
+- KronStrategy A = A_1 (x) ... (x) A_d: column norms of a Kronecker product are products of the factors'
+  column norms (|a_{(i,k),(j,l)}| = |a_ij| |b_kl|), so sens1 and sens2 are exactly the products of the factors'
+  maxima. With X_i = A_i^T A_i, X^+ = (x)_i X_i^+ and a workload Gram sum_k a_k (x)_i G_ki,
+  ||W A^+||_F^2 = trace(W^T W X^+) = sum_k a_k prod_i trace(G_ki X_i^+).
+- MarginalStrategy: strategy Gram sum_A x_A Q_A (see `marginal_algebra`), measured either as residual
+  blocks (ResidualPlanner's bases) or as weighted marginal tables (HDMM's marginal template).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from functools import cached_property
+
+import numpy as np
+import scipy.sparse as sp
+
+from dpopt.error import ErrorReport
+from dpopt.implicit.kronecker import kron_matvec
+from dpopt.implicit.workloads import ImplicitWorkload, as_implicit
+from dpopt.privacy import Privacy
+from dpopt.strategy import RANK_RTOL, Strategy, StrategyError
+from dpopt.workloads import MAX_DENSE_ENTRIES, Workload
+
+# Relative tolerance for "the strategy supports the workload" (relative Frobenius residual).
+SUPPORT_RTOL = 1e-8
+
+
+def _report(
+    name: str, workload: ImplicitWorkload, privacy: Privacy, sens: float, unit: float
+) -> ErrorReport:
+    var = privacy.variance_factor * sens**2
+    total = var * unit
+    m = int(workload.m)
+    return ErrorReport(
+        strategy=name,
+        workload=workload.name,
+        total=total,
+        rmse=math.sqrt(total / m),
+        m=m,
+        sensitivity=sens,
+        sensitivity_norm=privacy.norm,
+        noise=privacy.noise,
+        convention=privacy.convention,
+        log10_total=math.log10(total) if total > 0 else -math.inf,
+    )
+
+
+class KronStrategy:
+    """A = A_1 (x) ... (x) A_d with least-squares reconstruction B = W A^+ through the factors."""
+
+    def __init__(self, factors: Sequence[np.ndarray | sp.spmatrix | Strategy], name: str = "kron") -> None:
+        if len(factors) == 0:
+            raise ValueError("KronStrategy needs at least one factor")
+        mats = []
+        for i, f in enumerate(factors):
+            if isinstance(f, Strategy):
+                if f.B is not None:
+                    raise ValueError(f"factor {i} carries an explicit B; expected a matrix-mechanism strategy")
+                f = f.A
+            M = sp.csr_matrix(f, dtype=float) if sp.issparse(f) else np.asarray(f, dtype=float)
+            if M.ndim != 2 or M.shape[0] == 0 or M.shape[1] == 0:
+                raise ValueError(f"factor {i} must be a non-empty 2-D matrix, got shape {M.shape}")
+            data = M.data if sp.issparse(M) else M
+            if not np.all(np.isfinite(data)):
+                raise ValueError(f"factor {i} has NaN or infinite entries")
+            mats.append(M)
+        self.factors = mats
+        self.domain_sizes = tuple(int(M.shape[1]) for M in mats)
+        self.name = name
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(r, n) = (prod r_i, prod n_i)."""
+        return (math.prod(int(M.shape[0]) for M in self.factors), math.prod(self.domain_sizes))
+
+    # -- sensitivity -----------------------------------------------------------------------------
+    def _col_norm_max(self, M: np.ndarray | sp.csr_matrix, norm: int) -> float:
+        if norm == 1:
+            return float(np.asarray(abs(M).sum(axis=0)).max())
+        sq = M.multiply(M).sum(axis=0) if sp.issparse(M) else (M * M).sum(axis=0)
+        return float(np.sqrt(np.asarray(sq).max()))
+
+    @cached_property
+    def sens1(self) -> float:
+        """prod_i max column L1 norm of A_i (exact for a Kronecker product)."""
+        return math.prod(self._col_norm_max(M, 1) for M in self.factors)
+
+    @cached_property
+    def sens2(self) -> float:
+        """prod_i max column L2 norm of A_i (exact for a Kronecker product)."""
+        return math.prod(self._col_norm_max(M, 2) for M in self.factors)
+
+    def sensitivity(self, norm: int) -> float:
+        """sens1 (norm=1) or sens2 (norm=2)."""
+        if norm not in (1, 2):
+            raise ValueError(f"norm must be 1 or 2, got {norm}")
+        return self.sens1 if norm == 1 else self.sens2
+
+    # -- factor Grams ----------------------------------------------------------------------------
+    @cached_property
+    def factor_grams(self) -> list[np.ndarray]:
+        """X_i = A_i^T A_i (n_i x n_i)."""
+        out = []
+        for M in self.factors:
+            X = M.T @ M
+            out.append(np.asarray(X.todense() if sp.issparse(X) else X, dtype=float))
+        return out
+
+    @cached_property
+    def _factor_eigs(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Eigenvalues (cut to 0 below RANK_RTOL * max) and eigenvectors of every X_i."""
+        out = []
+        for X in self.factor_grams:
+            lam, V = np.linalg.eigh((X + X.T) / 2)
+            lam = np.where(lam > RANK_RTOL * max(float(lam.max()), np.finfo(float).tiny), lam, 0.0)
+            out.append((lam, V))
+        return out
+
+    @cached_property
+    def factor_pinvs(self) -> list[np.ndarray]:
+        """X_i^+ (n_i x n_i)."""
+        out = []
+        for lam, V in self._factor_eigs:
+            inv = np.divide(1.0, lam, out=np.zeros_like(lam), where=lam > 0)
+            out.append((V * inv) @ V.T)
+        return out
+
+    @cached_property
+    def factor_null_bases(self) -> list[np.ndarray]:
+        """Orthonormal bases of the null spaces of A_i (n_i x (n_i - rank_i))."""
+        return [V[:, lam == 0] for lam, V in self._factor_eigs]
+
+    def _check_domain(self, workload: ImplicitWorkload) -> None:
+        if workload.domain_sizes != self.domain_sizes:
+            raise StrategyError(
+                f"strategy {self.name} has factor sizes {self.domain_sizes} but workload {workload.name} has "
+                f"{workload.domain_sizes}; expected the same product domain"
+            )
+
+    # -- error -----------------------------------------------------------------------------------
+    def unit_error(self, workload: Workload) -> float:
+        """||W A^+||_F^2 = sum_k a_k prod_i trace(G_ki X_i^+) (per unit noise variance and sensitivity)."""
+        w = as_implicit(workload)
+        self._check_domain(w)
+        Xp = self.factor_pinvs
+        return float(
+            sum(
+                a * math.prod(float(np.einsum("ij,ij->", G, P)) for G, P in zip(Gs, Xp, strict=True))
+                for a, Gs in w.kron_terms()
+            )
+        )
+
+    def unsupported_fraction(self, workload: Workload) -> float:
+        """||W (I - A^+ A)||_F / ||W||_F through the factors, without cancellation.
+
+        For a term (x)_i G_i: ||W P||_F^2 = prod_i (t_i - e_i) with t_i = trace(G_i), e_i = trace(G_i (I - P_i))
+        computed on the null-space basis of A_i, so the residual is prod t_i * (1 - prod (1 - e_i / t_i)).
+        """
+        w = as_implicit(workload)
+        self._check_domain(w)
+        res = total = 0.0
+        for a, Gs in w.kron_terms():
+            t = np.array([float(np.trace(G)) for G in Gs])
+            e = np.array(
+                [float(np.einsum("ij,ij->", N, G @ N)) if N.shape[1] else 0.0
+                 for G, N in zip(Gs, self.factor_null_bases, strict=True)]
+            )
+            tt = a * float(np.prod(t))
+            total += tt
+            if tt > 0:
+                f = np.clip(e / np.where(t > 0, t, 1.0), 0.0, 1.0)
+                res += tt * float(-np.expm1(np.sum(np.log1p(-f))) if np.all(f < 1) else 1.0)
+        if total == 0.0:
+            raise StrategyError(f"workload {w.name} is all zeros")
+        return float(math.sqrt(max(res / total, 0.0)))
+
+    def supports(self, workload: Workload, rtol: float = SUPPORT_RTOL) -> bool:
+        """True when W A^+ A = W within relative Frobenius tolerance rtol."""
+        return self.unsupported_fraction(workload) <= rtol
+
+    def expected_error(self, workload: Workload, privacy: Privacy, rtol: float = SUPPORT_RTOL) -> ErrorReport:
+        """Exact expected total squared error and RMSE (seed 004 Prop. 3.3, through the factors)."""
+        w = as_implicit(workload)
+        frac = self.unsupported_fraction(w)
+        if frac > rtol:
+            raise StrategyError(
+                f"strategy {self.name} does not support workload {w.name}: relative residual {frac:.3g}"
+            )
+        return _report(self.name, w, privacy, self.sensitivity(privacy.norm), self.unit_error(w))
+
+    # -- answering -------------------------------------------------------------------------------
+    def measure(self, x: np.ndarray, privacy: Privacy, rng: np.random.Generator) -> np.ndarray:
+        """Noisy measurements y = A x + z (r,), A x by Kronecker matvecs; z Laplace or Gaussian from rng."""
+        x = np.asarray(x, dtype=float)
+        if x.shape != (self.shape[1],):
+            raise ValueError(f"data vector has shape {x.shape}; expected ({self.shape[1]},)")
+        y = kron_matvec(self.factors, x)
+        return y + privacy.sample_noise(self.sensitivity(privacy.norm), y.shape[0], rng)
+
+    def estimate(self, y: np.ndarray) -> np.ndarray:
+        """Least-squares data estimate x_hat = A^+ y = ((x)_i X_i^+ A_i^T) y (n,)."""
+        # A_i^+ = X_i^+ A_i^T = (A_i X_i^+)^T since X_i^+ is symmetric.
+        pinv_factors = [np.asarray(M @ P).T for P, M in zip(self.factor_pinvs, self.factors, strict=True)]
+        return kron_matvec(pinv_factors, y)
+
+    def answer(
+        self, x: np.ndarray, privacy: Privacy, rng: np.random.Generator, workload: Workload | None = None
+    ) -> np.ndarray:
+        """Research mode: W x_hat for an implicit workload with `matvec` (or x_hat itself if none given)."""
+        x_hat = self.estimate(self.measure(x, privacy, rng))
+        if workload is None:
+            return x_hat
+        w = as_implicit(workload)
+        self._check_domain(w)
+        if not hasattr(w, "matvec"):
+            raise ValueError(f"workload {w.name} cannot be applied to a vector")
+        return w.matvec(x_hat)  # type: ignore[attr-defined]
+
+    def to_dense(self) -> Strategy:
+        """The dense dpopt Strategy (small domains only), for cross-checks."""
+        r, n = self.shape
+        if r * n > MAX_DENSE_ENTRIES:
+            raise ValueError(f"{self.name} is {r} x {n}; too large to materialise")
+        A = sp.csr_matrix(self.factors[0])
+        for M in self.factors[1:]:
+            A = sp.kron(A, sp.csr_matrix(M), format="csr")
+        return Strategy(A, name=self.name)
+

@@ -1,0 +1,108 @@
+"""Adult marginals end to end, spec hooks, and the HDMM-like mechanism's record."""
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dpopt.implicit.adult import adult_paths, marginals_workload, release, table_counter
+from dpopt.implicit.marginal_opt import residual_planner
+from dpopt.implicit.mechanisms import HDMMMechanism
+from dpopt.implicit.optimize import select_strategy
+from dpopt.implicit.specs import parse_implicit_spec
+from dpopt.implicit.workloads import KronWorkload, MarginalsWorkload
+from dpopt.mechanisms.baselines import IdentityMechanism
+from dpopt.privacy import Privacy
+from dpopt.specs import SpecError
+from dpopt.workloads import AllRange
+
+DATA = Path("../shared/data")
+DOMAIN, CSV = adult_paths(DATA)
+
+
+def _need_adult():
+    if not (DOMAIN.is_file() and CSV.is_file()):
+        pytest.skip("Adult data not found under ../shared/data/adult")
+
+
+def test_adult_two_way_release_matches_expected_error():
+    _need_adult()
+    w = marginals_workload(DOMAIN, 2)
+    assert w.n_factors == 14 and len(w.subsets) == 91
+    assert w.n == pytest.approx(6.4e17, rel=0.01)
+    priv = Privacy(1.0, 1e-6)
+    sel = select_strategy(w, priv)
+    assert sel.status == "optimal"
+    assert sel.error.total == pytest.approx(sel.bound, rel=1e-10)  # ResidualPlanner meets the SVD bound
+    df = pd.read_csv(CSV)
+    tables = table_counter(df, w.attribute_names, list(w.domain_sizes))
+    # tables come straight from the DataFrame: check one against pandas groupby
+    t = tables((0, 8))
+    g = df.groupby(["age", "sex"]).size()
+    assert t.sum() == len(df)
+    assert all(t[a, s] == n for (a, s), n in g.items())
+    noisy, rel = release(sel, w, tables, priv, np.random.default_rng(0))
+    assert len(noisy) == 91 and noisy[0].shape == (85, 9)
+    # 148,137 noisy cells: the realised total squared error concentrates around its expectation
+    assert rel["realised_total_sq_error"] == pytest.approx(sel.error.total, rel=0.05)
+
+
+def test_adult_eps_dp_release():
+    _need_adult()
+    w = marginals_workload(DOMAIN, 2)
+    priv = Privacy(1.0)
+    sel = select_strategy(w, priv, restarts=1)
+    df = pd.read_csv(CSV)
+    tables = table_counter(df, w.attribute_names, list(w.domain_sizes))
+    _, rel = release(sel, w, tables, priv, np.random.default_rng(1))
+    assert rel["realised_total_sq_error"] == pytest.approx(sel.error.total, rel=0.1)
+
+
+def test_table_counter_refuses_bad_codes():
+    df = pd.DataFrame({"a": [0, 1, 2], "b": [0, 0, 5]})
+    with pytest.raises(ValueError, match="outside"):
+        table_counter(df, ["a", "b"], [3, 2])
+    with pytest.raises(ValueError, match="lacks"):
+        table_counter(df, ["a", "c"], [3, 2])
+
+
+def test_specs():
+    w = parse_implicit_spec("kron:prefix:256,identity:256")
+    assert isinstance(w, KronWorkload) and w.shape == (65536, 65536)
+    assert parse_implicit_spec("kron:allrange:64,allrange:32") is None  # the dense path handles it
+    forced = parse_implicit_spec("kron:allrange:64,allrange:32", force=True)
+    assert isinstance(forced, KronWorkload) and forced.n == 2048
+    assert parse_implicit_spec("allrange:64") is None
+    m = parse_implicit_spec("marginals:2x3x4:2", force=True)
+    assert isinstance(m, MarginalsWorkload) and len(m.subsets) == 3
+    with pytest.raises(SpecError, match="no domain file"):
+        parse_implicit_spec("marginals:nosuchdata:2", data_dir=DATA)
+    with pytest.raises(SpecError, match="integer"):
+        parse_implicit_spec("marginals:2x3:two")
+
+
+def test_specs_adult():
+    _need_adult()
+    w = parse_implicit_spec("marginals:adult:2", data_dir=DATA)
+    assert isinstance(w, MarginalsWorkload) and len(w.subsets) == 91
+    w3 = parse_implicit_spec(f"marginals:{DOMAIN}:3")
+    assert isinstance(w3, MarginalsWorkload) and len(w3.subsets) == 364
+
+
+def test_mechanism_record_has_the_shared_keys():
+    small = AllRange(16)
+    priv = Privacy(1.0, 1e-6)
+    ref = IdentityMechanism().fit(small, priv).record()
+    mech = HDMMMechanism().fit(small, priv)
+    rec = mech.record()
+    assert set(rec) == set(ref)
+    assert rec["expected_total_error"] <= ref["expected_total_error"]
+    assert rec["ratio_to_bound"] >= 1 - 1e-12
+    x = np.arange(16.0)
+    assert mech.answer(x, np.random.default_rng(0)).shape == (small.m,)
+    marg = MarginalsWorkload([3, 4, 2], k=2)
+    mm = HDMMMechanism().fit(marg, priv)
+    strat, unit = residual_planner(marg)
+    assert mm.record()["expected_total_error"] == pytest.approx(unit * priv.variance_factor)
+    assert mm.answer(np.ones(24), np.random.default_rng(0)).shape == (marg.m,)

@@ -1,0 +1,131 @@
+"""Factored strategies agree with the dense Strategy on small products and answer 10^6-cell data vectors."""
+
+import numpy as np
+import pytest
+
+from dpopt.baselines import (
+    hierarchical_strategy,
+    identity_strategy,
+    kron_strategy,
+    wavelet_strategy,
+)
+from dpopt.error import expected_error, unit_error
+from dpopt.implicit.marginal_strategy import MarginalStrategy, helmert_basis
+from dpopt.implicit.strategy import KronStrategy
+from dpopt.implicit.workloads import KronWorkload, MarginalsWorkload, UnionWorkload
+from dpopt.privacy import Privacy
+from dpopt.strategy import StrategyError
+from dpopt.workloads import AllRange, Identity, Kron, Prefix, Stack, Total
+
+
+def test_kron_strategy_matches_dense():
+    parts = [hierarchical_strategy(6), wavelet_strategy(4), identity_strategy(3)]
+    S = KronStrategy(parts)
+    D = kron_strategy(parts)
+    W = KronWorkload([AllRange(6), Prefix(4), Total(3)])
+    assert S.shape == D.shape
+    assert S.sens1 == pytest.approx(D.sens1, rel=1e-12)
+    assert S.sens2 == pytest.approx(D.sens2, rel=1e-12)
+    assert S.unit_error(W) == pytest.approx(unit_error(D, W.dense()), rel=1e-10)
+    for priv in (Privacy(0.5), Privacy(1.0, 1e-5)):
+        assert S.expected_error(W, priv).total == pytest.approx(
+            expected_error(D, W.dense(), priv).total, rel=1e-10
+        )
+    U = UnionWorkload([KronWorkload([AllRange(6), Identity(4), Total(3)]), W], weights=[2.0, 1.0])
+    dense_u = Stack([Kron([AllRange(6), Identity(4), Total(3)]), W.dense()], weights=[2.0, 1.0])
+    assert S.unit_error(U) == pytest.approx(unit_error(D, dense_u), rel=1e-10)
+
+
+def test_kron_support_detects_missing_directions():
+    total = np.ones((1, 4))
+    S = KronStrategy([total, np.eye(3)])
+    ok = KronWorkload([Total(4), Prefix(3)])
+    bad = KronWorkload([Prefix(4), Prefix(3)])
+    assert S.supports(ok)
+    assert not S.supports(bad)
+    dense_frac = S.to_dense().unsupported_fraction(bad.dense())
+    assert S.unsupported_fraction(bad) == pytest.approx(dense_frac, rel=1e-10)
+    with pytest.raises(StrategyError, match="does not support"):
+        S.expected_error(bad, Privacy(1.0))
+
+
+def test_estimate_is_least_squares_through_factors():
+    rng = np.random.default_rng(3)
+    A1, A2 = rng.standard_normal((7, 4)), rng.standard_normal((5, 3))
+    S = KronStrategy([A1, A2])
+    y = rng.standard_normal(35)
+    dense = np.linalg.lstsq(np.kron(A1, A2), y, rcond=None)[0]
+    np.testing.assert_allclose(S.estimate(y), dense, rtol=1e-10, atol=1e-10)
+
+
+def test_answer_on_a_million_cells():
+    """2^20 cells: measurement, least squares and W x_hat all through Kronecker matvecs."""
+    S = KronStrategy([hierarchical_strategy(1024), hierarchical_strategy(1024)])
+    W = KronWorkload([Prefix(1024), Identity(1024)])
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 20, 1024 * 1024).astype(float)
+    priv = Privacy(1.0, 1e-6)
+    ans = S.answer(x, priv, rng, W)
+    truth = W.matvec(x)
+    assert ans.shape == truth.shape == (1024 * 1024,)
+    realised = float(np.sum((ans - truth) ** 2))
+    expected = S.expected_error(W, priv).total
+    # The total of 2^20 correlated squared errors concentrates: within 5% of its expectation.
+    assert realised == pytest.approx(expected, rel=0.05)
+
+
+def _dense_y(strat: MarginalStrategy, y: dict) -> np.ndarray:
+    return np.concatenate([y[m].ravel() for m in strat.masks])
+
+
+@pytest.mark.parametrize("kind", ["residual", "marginals"])
+def test_marginal_strategy_matches_dense(kind):
+    sizes = [2, 3, 4]
+    W = MarginalsWorkload(sizes, subsets=[(0, 1), (0, 2), (1, 2), (1,)], weights=[1.0, 2.0, 0.5, 1.5])
+    rng = np.random.default_rng(5)
+    if kind == "residual":
+        subsets = [(), (0,), (1,), (2,), (0, 1), (0, 2), (1, 2)]
+    else:
+        subsets = [(0, 1), (0, 2), (1, 2), (0,)]
+    S = MarginalStrategy(sizes, kind, subsets, rng.random(len(subsets)) + 0.3)
+    D = S.to_dense()
+    Wd = W.dense()
+    assert S.sens2 == pytest.approx(D.sens2, rel=1e-12)
+    if kind == "marginals":
+        assert S.sens1 == pytest.approx(D.sens1, rel=1e-12)
+    assert S.unit_error(W) == pytest.approx(unit_error(D, Wd), rel=1e-10)
+    # Per-cell variances, weighted and summed over cells, give the total.
+    cells = np.array([np.prod([sizes[i] for i in s]) for s in W.subsets])
+    assert float(np.sum(W.weights**2 * cells * S.marginal_variances(W))) == pytest.approx(
+        S.unit_error(W), rel=1e-10
+    )
+    # Least squares through the algebra equals W A^+ y for the same noisy measurements.
+    x = rng.integers(0, 9, 24).astype(float)
+    T = x.reshape(sizes)
+
+    def tables(attrs):
+        axes = tuple(i for i in range(3) if i not in attrs)
+        return T.sum(axis=axes) if axes else T
+
+    y = S.measure(tables, Privacy(1.0, 1e-3), rng)
+    np.testing.assert_allclose(_dense_y(S, y), D.A @ x, atol=40.0)  # same rows, noisy
+    ours = np.concatenate([w * t.ravel() for w, t in zip(W.weights, S.reconstruct(y, W), strict=True)])
+    dense = Wd.sparse() @ (D.pinv() @ _dense_y(S, y))
+    np.testing.assert_allclose(ours, dense, rtol=1e-9, atol=1e-8)
+
+
+def test_helmert_basis_is_orthonormal_complement_of_ones():
+    for n in (2, 5, 9):
+        U = helmert_basis(n)
+        np.testing.assert_allclose(U.T @ U, np.eye(n - 1), atol=1e-12)
+        np.testing.assert_allclose(U.T @ np.ones(n), 0.0, atol=1e-12)
+
+
+def test_marginal_strategy_refuses_unmeasured_residuals():
+    W = MarginalsWorkload([2, 3], k=2)
+    S = MarginalStrategy([2, 3], "marginals", [(0,), (1,)], [1.0, 1.0])
+    assert not S.supports(W)
+    with pytest.raises(StrategyError, match="does not support"):
+        S.expected_error(W, Privacy(1.0))
+    with pytest.raises(ValueError, match="Gaussian"):
+        MarginalStrategy([2, 3], "residual", [(0,)], [1.0]).sensitivity(1)

@@ -1,0 +1,123 @@
+"""Implicit workloads agree with the dense path on small products; they never need the dense path on large ones."""
+
+import math
+
+import numpy as np
+import pytest
+
+from dpopt.bounds import svd_bound
+from dpopt.implicit.kronecker import kron_matvec
+from dpopt.implicit.workloads import KronWorkload, MarginalsWorkload, UnionWorkload, as_implicit
+from dpopt.workloads import (
+    AllRange,
+    Identity,
+    Kron,
+    Marginals,
+    Prefix,
+    Stack,
+    Total,
+    WidthK,
+    WorkloadTooLargeError,
+)
+
+
+@pytest.mark.parametrize("shapes", [[(3, 4), (2, 5)], [(4, 2), (3, 3), (2, 4)], [(5, 6)]])
+def test_kron_matvec_equals_numpy_kron(shapes):
+    rng = np.random.default_rng(1)
+    mats = [rng.standard_normal(s) for s in shapes]
+    K = mats[0]
+    for M in mats[1:]:
+        K = np.kron(K, M)
+    v = rng.standard_normal(K.shape[1])
+    V = rng.standard_normal((K.shape[1], 3))
+    np.testing.assert_allclose(kron_matvec(mats, v), K @ v, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(kron_matvec(mats, V), K @ V, rtol=1e-12, atol=1e-12)
+
+
+def test_kron_matvec_rejects_wrong_length():
+    with pytest.raises(ValueError, match="expected"):
+        kron_matvec([np.eye(3), np.eye(2)], np.ones(5))
+
+
+def _small_workloads():
+    kron = KronWorkload([AllRange(5), Prefix(4), WidthK(3, 2)])
+    union = UnionWorkload(
+        [KronWorkload([AllRange(6), Identity(4)]), KronWorkload([Total(6), Prefix(4)])], weights=[1.0, 2.5]
+    )
+    marg = MarginalsWorkload([2, 3, 4], subsets=[(0, 1), (2,), (1, 2)], weights=[1.0, 3.0, 0.5])
+    return [
+        (kron, Kron(kron.factors)),
+        (union, Stack([Kron([AllRange(6), Identity(4)]), Kron([Total(6), Prefix(4)])], weights=[1.0, 2.5])),
+        (marg, Marginals([2, 3, 4], subsets=[(0, 1), (2,), (1, 2)], weights=[1.0, 3.0, 0.5])),
+    ]
+
+
+@pytest.mark.parametrize("pair", _small_workloads(), ids=["kron", "union", "marginals"])
+def test_implicit_matches_dense(pair):
+    imp, dense = pair
+    G = dense.gram()
+    assert imp.shape == dense.shape
+    rng = np.random.default_rng(0)
+    v = rng.standard_normal(dense.n)
+    V = rng.standard_normal((dense.n, 2))
+    np.testing.assert_allclose(imp.gram_matvec(v), G @ v, rtol=1e-10, atol=1e-9)
+    np.testing.assert_allclose(imp.gram_matvec(V), G @ V, rtol=1e-10, atol=1e-9)
+    np.testing.assert_allclose(imp.gram(), G, rtol=1e-12, atol=1e-12)
+    assert imp.frobenius_sq() == pytest.approx(float(np.trace(G)), rel=1e-12)
+    x = rng.integers(0, 9, dense.n).astype(float)
+    np.testing.assert_allclose(imp.matvec(x), dense.sparse() @ x, rtol=1e-12, atol=1e-9)
+    if not isinstance(imp, UnionWorkload):
+        assert imp.svd_bound() == pytest.approx(svd_bound(dense), rel=1e-7)
+
+
+def test_svd_bound_of_kron_is_product_of_factors():
+    """Singular values of a Kronecker product are products, so SVDB(W1 x W2) = SVDB(W1) SVDB(W2)."""
+    W1, W2 = AllRange(7), Prefix(5)
+    prod = svd_bound(W1) * svd_bound(W2)
+    assert KronWorkload([W1, W2]).svd_bound() == pytest.approx(prod, rel=1e-12)
+    assert svd_bound(Kron([W1, W2])) == pytest.approx(prod, rel=1e-9)
+
+
+def test_marginal_spectrum_is_exact():
+    """Eigenvalues c_A with multiplicities r_A reproduce the dense spectrum of W^T W."""
+    w = MarginalsWorkload([2, 3, 4], k=2, weights=[1.0, 2.0, 0.5])
+    dense_eigs = np.sort(np.linalg.eigvalsh(w.dense().gram()))
+    ours = np.sort(np.repeat(w.eigenvalues, w.multiplicities.astype(int)))
+    ours = np.concatenate([np.zeros(24 - ours.size), ours])
+    np.testing.assert_allclose(ours, dense_eigs, atol=1e-9)
+
+
+def test_large_workloads_never_densify():
+    w = KronWorkload([AllRange(256), AllRange(256)])
+    assert w.shape == (32896**2, 65536)
+    with pytest.raises(WorkloadTooLargeError):
+        w.gram()
+    # Li and Miklau's closed forms through the factors stay cheap
+    assert w.frobenius_sq() == pytest.approx(float(np.trace(AllRange(256).gram())) ** 2)
+    adult_like = MarginalsWorkload([85, 9, 100, 16, 7, 15, 6, 5, 2, 100, 100, 99, 42, 2], k=3)
+    assert adult_like.n == math.prod([85, 9, 100, 16, 7, 15, 6, 5, 2, 100, 100, 99, 42, 2])
+    assert len(adult_like.closure) == 1 + 14 + 91 + 364
+    assert adult_like.frobenius_sq() == pytest.approx(364 * float(adult_like.n))
+
+
+def test_as_implicit_converts_dense_structures():
+    assert isinstance(as_implicit(Kron([AllRange(3), Prefix(2)])), KronWorkload)
+    m = as_implicit(Marginals([2, 3], k=1))
+    assert isinstance(m, MarginalsWorkload) and m.subsets == [(0,), (1,)]
+    u = as_implicit(Stack([Kron([AllRange(3), Prefix(2)]), Kron([Identity(3), Total(2)])]))
+    assert isinstance(u, UnionWorkload)
+    one = as_implicit(AllRange(4))
+    assert isinstance(one, KronWorkload) and one.n_factors == 1
+
+
+def test_validation_errors_name_the_problem():
+    with pytest.raises(ValueError, match="exactly one of k"):
+        MarginalsWorkload([2, 3])
+    with pytest.raises(ValueError, match="outside"):
+        MarginalsWorkload([2, 3], subsets=[(0, 5)])
+    with pytest.raises(ValueError, match="weights"):
+        MarginalsWorkload([2, 3], k=1, weights=[1.0, -1.0])
+    with pytest.raises(ValueError, match="factor domain sizes"):
+        UnionWorkload([KronWorkload([AllRange(3)]), KronWorkload([AllRange(4)])])
+    with pytest.raises(ValueError, match="at least one"):
+        KronWorkload([])
