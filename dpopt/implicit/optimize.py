@@ -1,7 +1,7 @@
 """Strategy selection for implicit workloads: Kronecker products, unions of them, and marginals.
 
 (eps, delta), Kronecker workload W = (x)_i W_i: each factor is solved to certified optimality
-(`gaussian_factor`), and A = (x)_i A_i. This product strategy is optimal for the Kronecker problem, and that
+(`dpopt.solvers.convex_dp`, or the fallback in `gaussian_factor`), and A = (x)_i A_i. This product strategy is optimal for the Kronecker problem, and that
 is certified: with factor duals u_i, the product u = (x)_i u_i is dual feasible for the product problem and
 phi(u) = T(u)^2 / sum(u) = prod_i T_i^2 / sum(u_i) = prod_i phi_i(u_i), because
 (D_u^{1/2} G D_u^{1/2})^{1/2} = (x)_i (D_i^{1/2} G_i D_i^{1/2})^{1/2} and traces and sums of Kronecker products
@@ -72,10 +72,22 @@ def default_p(n: int) -> int:
     return max(1, n // 16)
 
 
-def gaussian_factor(G: np.ndarray, tol: float = 1e-6) -> tuple[np.ndarray, SolverResult]:
-    """Certified (eps, delta) factor strategy: (A_i with sens2 = 1, solver result)."""
-    res = solve_factor_gaussian(G, tol=tol)
-    return Strategy.from_gram(res.x).A, res
+def gaussian_factor(G: np.ndarray, tol: float = 1e-8) -> tuple[np.ndarray, SolverResult]:
+    """Certified (eps, delta) factor strategy: (A_i with sens2 = 1, solver result).
+
+    Uses `dpopt.solvers.convex_dp.solve_convex_dp` (dual Newton-CG) when it is installed, else the
+    L-BFGS dual fallback of `gaussian_factor`; both return the same scaled dual certificate.
+    """
+    try:
+        from dpopt.solvers.convex_dp import solve_convex_dp
+    except ImportError:
+        res = solve_factor_gaussian(G, tol=max(tol, 1e-6))
+        return Strategy.from_gram(res.x).A, res
+    res = solve_convex_dp(G, tol=tol)
+    A = res.extra.get("A")
+    if A is None:
+        A = Strategy.from_gram(res.x).A
+    return np.asarray(A, dtype=float), res
 
 
 def laplace_factor(
@@ -130,7 +142,7 @@ def optimize_kron(
         error=err,
         bound=bound,
         bound_kind=bound_kind,
-        solver="gaussian-factor-dual" if not privacy.is_pure else "p-identity L-BFGS-B",
+        solver="convex-dp per factor" if not privacy.is_pure else "p-identity L-BFGS-B",
         status=status,
         iterations=sum(r.nit for r in results),
         gap=err.total / bound - 1.0 if bound > 0 else None,
@@ -177,7 +189,7 @@ def optimize_union_kron(
         error=err,
         bound=bound,
         bound_kind=kind,
-        solver="block coordinate descent (" + ("p-identity" if privacy.is_pure else "gaussian-factor-dual") + ")",
+        solver="block coordinate descent (" + ("p-identity" if privacy.is_pure else "convex-dp") + ")",
         status="converged" if len(history) < sweeps else "max_iter",
         iterations=iters,
         gap=err.total / bound - 1.0 if bound > 0 else None,
