@@ -36,6 +36,7 @@ import sys
 import time
 import tomllib
 import traceback
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -426,7 +427,8 @@ def run_task(task: Task) -> dict[str, Any]:
     from threadpoolctl import threadpool_limits
 
     t0 = time.perf_counter()
-    with threadpool_limits(1):
+    with threadpool_limits(1), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         try:
             out = _run_task(task)
         except ImportError as exc:
@@ -437,6 +439,9 @@ def run_task(task: Task) -> dict[str, Any]:
             last = traceback.extract_tb(exc.__traceback__)[-1:]
             where = f" at {Path(last[0].filename).name}:{last[0].lineno}" if last else ""
             out = {"status": f"error: {type(exc).__name__}: {exc}{where}"}
+    # Warnings (e.g. a solver stopped at its cap) go into the row instead of the workers' stderr.
+    messages = sorted({f"{w.category.__name__}: {w.message}" for w in caught})
+    out["warnings"] = " | ".join(messages)[:500]
     out["task_seconds"] = time.perf_counter() - t0
     return _normalise(out)
 

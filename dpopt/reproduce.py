@@ -206,10 +206,16 @@ def best_everywhere(mech: str, panels: Iterable[str] | None = None, column: str 
         if losses.empty:
             return True, f"{mech} smallest at all {len(t)} points"
         first = losses.index[0]
-        return False, (f"{mech} smallest at {len(t) - len(losses)}/{len(t)} points; e.g. at {first} "
+        return False, (f"{mech} smallest at {len(t) - len(losses)}/{len(t)} points; e.g. at {_key(first)}: "
                        f"{best.loc[first]} = {t.loc[first].min():.4g} vs {mech} = {t.loc[first, mech]:.4g}")
 
     return check
+
+
+def _key(index: tuple[Any, ...]) -> str:
+    """(panel, eps, x) as text."""
+    panel, eps, x = index
+    return f"{panel}, eps={float(eps):g}, x={float(x):g}"
 
 
 def worst_everywhere(mech: str, column: str = "value") -> Callable[[pd.DataFrame], tuple[bool, str]]:
@@ -790,9 +796,13 @@ def reproduce(
     cache: str | os.PathLike[str] | None = None,
     repetitions: int | None = None,
     progress: bool = True,
-    stream: TextIO | None = sys.stdout,
+    report: bool = True,
+    stream: TextIO | None = None,
 ) -> Reproduction:
-    """Run an experiment, write its CSVs and plot under `out` (None: write nothing), print the comparison."""
+    """Run an experiment, write its CSVs and plot under `out` (None: write nothing), print the comparison.
+
+    The report goes to `stream` (default sys.stdout) unless report=False.
+    """
     exp = name if isinstance(name, Experiment) else EXPERIMENTS.get(name)
     if exp is None:
         raise ValueError(f"unknown experiment {name!r}; expected one of {', '.join(EXPERIMENTS)}")
@@ -808,8 +818,8 @@ def reproduce(
     for claim in exp.claims:
         ok, detail = claim.check(summary)
         (agrees if ok else diffs).append(f"paper: {claim.text} -- ours: {detail}")
-    unavailable = sorted({f"{m}: {s}" for m, s in zip(df["mechanism"], df["status"], strict=True)
-                          if not str(s).startswith(("optimal", "converged", "closed"))})
+    flagged = ~usable(df["status"]) | df["status"].astype(str).str.contains("not certified")
+    unavailable = sorted({f"{m}: {s}" for m, s in zip(df["mechanism"][flagged], df["status"][flagged], strict=True)})
     files: dict[str, Path] = {}
     if out is not None:
         d = Path(out)
@@ -823,8 +833,8 @@ def reproduce(
             exp.plot(df, summary, files["png"])
         else:
             plot_figure(exp, summary, files["png"])
-    if stream is not None:
-        _report(exp, full, summary, diffs, agrees, unavailable, files, stream)
+    if report:
+        _report(exp, full, summary, diffs, agrees, unavailable, files, stream or sys.stdout)
     return Reproduction(exp.name, df, summary, diffs, agrees, files)
 
 
