@@ -82,7 +82,7 @@ def test_marginal_spectrum_is_exact():
     """Eigenvalues c_A with multiplicities r_A reproduce the dense spectrum of W^T W."""
     w = MarginalsWorkload([2, 3, 4], k=2, weights=[1.0, 2.0, 0.5])
     dense_eigs = np.sort(np.linalg.eigvalsh(w.dense().gram()))
-    ours = np.sort(np.repeat(w.eigenvalues, w.multiplicities.astype(int)))
+    ours = np.sort(np.repeat(w.scaled_eigenvalues * 24, w.multiplicities.astype(int)))
     ours = np.concatenate([np.zeros(24 - ours.size), ours])
     np.testing.assert_allclose(ours, dense_eigs, atol=1e-9)
 

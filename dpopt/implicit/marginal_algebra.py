@@ -9,6 +9,10 @@ The marginal on S has Gram (x)_{i in S} I (x)_{i not in S} 1 1^T = N_{-S} sum_{A
 N_{-S} = prod_{i not in S} n_i, so a weighted marginal workload has Gram sum_A c_A Q_A with
 c_A = sum_{S superset of A} w_S^2 N_{-S}: its eigenvalues are c_A with multiplicity r_A.
 
+Scale: N overflows float64 beyond about 300 attributes of size 10, while every error is a ratio of
+eigenvalues. dpopt therefore works with eigenvalues divided by N: c_A / N = sum_S w_S^2 / N_S and, for a
+strategy, x_A / N, where N_S = prod_{i in S} n_i is the (small) number of cells of marginal S.
+
 Subsets are Python int bitmasks (bit i = attribute i), so any number of attributes works; only subsets of
 workload marginals ("the down-closure") are ever enumerated, never all 2^d.
 """
@@ -32,12 +36,11 @@ def mask_of(attrs: Iterable[int]) -> int:
 
 def attrs_of(mask: int) -> tuple[int, ...]:
     """Sorted attribute indices of a bitmask."""
-    out, i = [], 0
+    out = []
     while mask:
-        if mask & 1:
-            out.append(i)
-        mask >>= 1
-        i += 1
+        low = mask & -mask
+        out.append(low.bit_length() - 1)
+        mask ^= low
     return tuple(out)
 
 
@@ -57,17 +60,12 @@ def down_closure(masks: Iterable[int]) -> list[int]:
     for m in masks:
         if m not in seen:
             seen.update(submasks(m))
-    return sorted(seen, key=lambda s: (bin(s).count("1"), s))
+    return sorted(seen, key=lambda s: (s.bit_count(), s))
 
 
-def log_prod(sizes: Sequence[int], mask: int, complement: bool = False) -> float:
-    """log prod_{i in mask} n_i (or over the complement of mask)."""
-    return float(sum(math.log(n) for i, n in enumerate(sizes) if bool(mask >> i & 1) != complement))
-
-
-def prod_outside(sizes: Sequence[int], mask: int) -> float:
-    """N_{-S} = prod_{i not in S} n_i as a float (may exceed int64)."""
-    return math.exp(log_prod(sizes, mask, complement=True))
+def cells_of(sizes: Sequence[int], mask: int) -> int:
+    """N_S = prod_{i in S} n_i: the number of cells of the marginal on S."""
+    return math.prod(sizes[i] for i in attrs_of(mask))
 
 
 def residual_rank(sizes: Sequence[int], mask: int) -> int:
@@ -78,25 +76,29 @@ def residual_rank(sizes: Sequence[int], mask: int) -> int:
 def eigen_weights(
     sizes: Sequence[int], masks: Sequence[int], weights: np.ndarray, closure: Sequence[int]
 ) -> np.ndarray:
-    """c_A = sum_{S in masks, S superset of A} w_S^2 N_{-S} for every A in `closure` (Gram eigenvalue on Q_A)."""
+    """c_A / N = sum_{S in masks, S superset of A} w_S^2 / N_S for every A in `closure`.
+
+    c_A is the eigenvalue of W^T W on Q_A; N = prod n_i is divided out (see the module note on scale).
+    """
     index = {a: j for j, a in enumerate(closure)}
     c = np.zeros(len(closure))
     for S, w in zip(masks, weights, strict=True):
-        val = float(w) ** 2 * prod_outside(sizes, S)
+        val = float(w) ** 2 / cells_of(sizes, S)
         for A in submasks(S):
             c[index[A]] += val
     return c
 
 
 def superset_incidence(sizes: Sequence[int], rows: Sequence[int], cols: Sequence[int]) -> sp.csr_matrix:
-    """K[A, T] = N_{-T} when A is a subset of T, else 0 (rows: subsets A, columns: measured marginals T).
+    """K[A, T] = 1 / N_T when A is a subset of T, else 0 (rows: subsets A, columns: measured marginals T).
 
-    With strategy marginals T weighted theta_T, the strategy Gram has eigenvalue x_A = (K theta^2)_A on Q_A.
+    With strategy marginals T weighted theta_T, the strategy Gram has eigenvalue x_A on Q_A with
+    x_A / N = (K theta^2)_A (since N_{-T} / N = 1 / N_T).
     """
     index = {a: j for j, a in enumerate(rows)}
     r, c, v = [], [], []
     for jt, T in enumerate(cols):
-        val = prod_outside(sizes, T)
+        val = 1.0 / cells_of(sizes, T)
         for A in submasks(T):
             if A in index:
                 r.append(index[A])

@@ -12,7 +12,6 @@ gap (seed 004 Thm. 5.5 says the bound is tight for data cubes; this is the expli
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Sequence
 
@@ -33,15 +32,14 @@ def residual_planner(workload: MarginalsWorkload) -> tuple[MarginalStrategy, flo
     """
     if not isinstance(workload, MarginalsWorkload):
         raise ValueError(f"residual_planner needs a MarginalsWorkload, got {type(workload).__name__}")
-    c, r = workload.eigenvalues, workload.multiplicities
+    c, r = workload.scaled_eigenvalues, workload.multiplicities
     live = (c > 0) & (r > 0)
     s = float(np.dot(r[live], np.sqrt(c[live])))
-    log_n = sum(math.log(n) for n in workload.domain_sizes)
-    # x_A = N sqrt(c_A) / s, computed in logs because N may exceed 1e17.
-    x = np.exp(log_n + 0.5 * np.log(c[live]) - math.log(s))
+    # x_A / N = sqrt(c_A / N) / s with s = sum_B r_B sqrt(c_B / N); then sum_A r_A x_A / N = 1.
+    x = np.sqrt(c[live]) / s
     subsets = [a for a, keep in zip(workload.masks_attrs(), live, strict=True) if keep]
     strat = MarginalStrategy(workload.domain_sizes, "residual", subsets, x, name="residual-planner")
-    return strat, math.exp(2 * math.log(s) - log_n)
+    return strat, s * s
 
 
 def candidate_marginals(workload: MarginalsWorkload, candidates: str | Sequence[Sequence[int]]) -> list[int]:
@@ -70,7 +68,8 @@ def optimize_marginals_laplace(
     max_iter: int = 5000,
 ) -> tuple[MarginalStrategy, SolverResult]:
     """HDMM OPT_M for eps-DP: weights theta_T > 0 on candidate marginals minimising
-    (sum_T theta_T)^2 * sum_A c_A r_A / x_A,  x_A = sum_{T superset of A} theta_T^2 N_{-T}  (sens1 = sum theta).
+    (sum_T theta_T)^2 * sum_A c_A r_A / x_A,  x_A = sum_{T superset of A} theta_T^2 N_{-T}  (sens1 = sum theta)
+    (computed with c_A / N and x_A / N = sum_T theta_T^2 / N_T).
 
     Optimised over t = log theta with L-BFGS (the loss is scale invariant, and the bound-constrained form
     stalls on Adult where the log form does not). The first start measures every workload marginal equally
@@ -84,7 +83,7 @@ def optimize_marginals_laplace(
     sizes = workload.domain_sizes
     rng = as_generator(seed)
     cols = candidate_marginals(workload, candidates)
-    c, r = workload.eigenvalues, workload.multiplicities
+    c, r = workload.scaled_eigenvalues, workload.multiplicities
     live = (c > 0) & (r > 0)
     K = superset_incidence(sizes, list(workload.closure), cols).tocsr()[live]
     cr = (c * r)[live]

@@ -1,18 +1,21 @@
 """Marginal-algebra strategies: strategy Gram X = sum_A x_A Q_A over a product domain (see `marginal_algebra`).
 
 Two ways to measure such an X:
-- kind "residual" (ResidualPlanner, Xiao et al. NeurIPS 2023): for each subset A, the residual block
+All eigenvalues are kept divided by N = prod n_i (written x~_A = x_A / N; see `marginal_algebra`).
+
+- kind "residual" (ResidualPlanner, Xiao et al. NeurIPS 2023), params x~_A: for each subset A, the block
   sqrt(x_A) B_A with B_A = (x)_{i in A} U_i^T (x)_{i not in A} 1^T / sqrt(n_i), U_i an orthonormal basis of
-  1-perp (Helmert); B_A has orthonormal rows and B_A^T B_A = Q_A. Every column of the stack has squared norm
-  sum_A x_A r_A / N, so sens2 is exact. Intended for Gaussian noise.
-- kind "marginals" (HDMM's marginal template, OPT_M): the marginal tables T, weighted theta_T; then
-  x_A = sum_{T superset of A} theta_T^2 N_{-T}; every column holds exactly one 1 per marginal, so
+  1-perp (Helmert); B_A has orthonormal rows and B_A^T B_A = Q_A, and sqrt(x_A) B_A x equals
+  sqrt(x~_A N_A) (x)_{i in A} U_i^T applied to the A-marginal table of x. Every column of the stack has
+  squared norm sum_A x~_A r_A, so sens2 is exact. Intended for Gaussian noise.
+- kind "marginals" (HDMM's marginal template, OPT_M), params theta_T: the marginal tables T weighted
+  theta_T; x~_A = sum_{T superset of A} theta_T^2 / N_T; every column holds exactly one 1 per marginal, so
   sens1 = sum theta_T and sens2 = sqrt(sum theta_T^2) are exact.
 
 Least squares through the algebra: X^+ = sum_A Q_A / x_A, so the estimate of the data's Q_A component
-needs only A-tables (arrays over the attributes in A); a workload marginal S is then
-N_{-S} * sum_{A subset of S} (A-table broadcast over S). The full data vector is never formed: measuring
-needs only the marginal tables of the data over the measured subsets.
+needs only an A-table z_A (an array over the attributes in A; the component is z_A / N broadcast over the
+other axes), and a workload marginal S is (1 / N_S) sum_{A subset of S} z_A broadcast over S. The full data
+vector is never formed: measuring needs only the data's marginal tables over the measured subsets.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from dpopt.error import ErrorReport
-from dpopt.implicit.marginal_algebra import attrs_of, prod_outside, residual_rank, submasks
+from dpopt.implicit.marginal_algebra import attrs_of, cells_of, residual_rank, submasks
 from dpopt.implicit.strategy import SUPPORT_RTOL, _report
 from dpopt.implicit.workloads import MarginalsWorkload
 from dpopt.privacy import Privacy
@@ -89,34 +92,32 @@ class MarginalStrategy:
         self.masks = [sum(1 << a for a in s) for s in self.subsets]
         self.params = p[keep]
         self.name = name or f"{kind}-strategy"
-        self._N = math.prod(float(n) for n in self.domain_sizes)
 
     # -- spectrum and sensitivity ------------------------------------------------------------------
     @cached_property
     def _x(self) -> dict[int, float]:
-        """x_A for every A with x_A > 0."""
+        """x_A / N for every A with x_A > 0."""
         out: dict[int, float] = {}
         if self.kind == "residual":
             for A, v in zip(self.masks, self.params, strict=True):
                 out[A] = out.get(A, 0.0) + float(v)
             return out
         for T, th in zip(self.masks, self.params, strict=True):
-            val = float(th) ** 2 * prod_outside(self.domain_sizes, T)
+            val = float(th) ** 2 / cells_of(self.domain_sizes, T)
             for A in submasks(T):
                 out[A] = out.get(A, 0.0) + val
         return out
 
     def eigenvalue(self, mask: int) -> float:
-        """x_A: eigenvalue of the strategy Gram on Q_A (0 if A is not measured)."""
+        """x_A / N: eigenvalue of the strategy Gram on Q_A over the number of cells (0 if A is unmeasured)."""
         return self._x.get(mask, 0.0)
 
     @cached_property
     def sens2(self) -> float:
-        """Exact L2 sensitivity (constant over cells): sqrt(sum_A x_A r_A / N) = sqrt(sum theta_T^2)."""
+        """Exact L2 sensitivity (constant over cells): sqrt(sum_A x_A r_A / N), or sqrt(sum theta_T^2)."""
         if self.kind == "marginals":
             return float(np.sqrt(np.sum(self.params**2)))
-        tot = sum(v * residual_rank(self.domain_sizes, A) for A, v in self._x.items())
-        return math.sqrt(tot / self._N)
+        return math.sqrt(sum(v * residual_rank(self.domain_sizes, A) for A, v in self._x.items()))
 
     @cached_property
     def sens1(self) -> float:
@@ -153,7 +154,7 @@ class MarginalStrategy:
     def unsupported_fraction(self, workload: MarginalsWorkload) -> float:
         """sqrt(sum of c_A r_A over unmeasured A / trace(W^T W)): the workload outside the strategy's range."""
         self._check(workload)
-        cr = workload.eigenvalues * workload.multiplicities
+        cr = workload.scaled_eigenvalues * workload.multiplicities
         miss = np.array([self.eigenvalue(A) <= 0 for A in workload.closure])
         return float(math.sqrt(cr[miss].sum() / cr.sum()))
 
@@ -161,7 +162,7 @@ class MarginalStrategy:
         """trace(W^T W X^+) = sum_A c_A r_A / x_A over the workload's down-closure."""
         self._check(workload)
         x = np.array([self.eigenvalue(A) for A in workload.closure])
-        cr = workload.eigenvalues * workload.multiplicities
+        cr = workload.scaled_eigenvalues * workload.multiplicities
         live = cr > 0
         if np.any(x[live] <= 0):
             return math.inf
@@ -170,7 +171,8 @@ class MarginalStrategy:
     def marginal_variances(self, workload: MarginalsWorkload) -> np.ndarray:
         """Noise variance of each cell of each workload marginal S (unweighted; per unit noise variance).
 
-        trace(G_S X^+) = N_{-S} sum_{A subset of S} r_A / x_A spreads evenly over the N_S cells of S.
+        trace(G_S X^+) = N_{-S} sum_{A subset of S} r_A / x_A spreads evenly over the N_S cells of S, so
+        each cell has variance (1 / N_S^2) sum_{A subset of S} r_A / (x_A / N).
         """
         self._check(workload)
         out = []
@@ -180,7 +182,7 @@ class MarginalStrategy:
                 for A in submasks(S)
                 if residual_rank(self.domain_sizes, A) > 0
             )
-            out.append(prod_outside(self.domain_sizes, S) * tot / math.prod(self.domain_sizes[i] for i in attrs_of(S)))
+            out.append(tot / cells_of(self.domain_sizes, S) ** 2)
         return np.array(out)
 
     def supports(self, workload: MarginalsWorkload, rtol: float = SUPPORT_RTOL) -> bool:
@@ -216,14 +218,14 @@ class MarginalStrategy:
                 raise ValueError(f"table for attributes {s} has shape {t.shape}, expected {expect}")
             if self.kind == "residual":
                 U = [helmert_basis(self.domain_sizes[i]).T for i in s]
-                y = math.sqrt(v) * _apply_axes(t, U) / math.sqrt(prod_outside(self.domain_sizes, A))
+                y = math.sqrt(v * cells_of(self.domain_sizes, A)) * _apply_axes(t, U)
             else:
                 y = v * t
             out[A] = y + privacy.sample_noise(sens, y.size, rng).reshape(y.shape)
         return out
 
     def residual_estimates(self, y: dict[int, np.ndarray], need: Sequence[int]) -> dict[int, np.ndarray]:
-        """Least-squares A-tables z_A (the data's Q_A component is z_A broadcast over the other axes)."""
+        """Least-squares A-tables z_A (the data's Q_A component is z_A / N broadcast over the other axes)."""
         sizes = self.domain_sizes
         out: dict[int, np.ndarray] = {}
         for A in need:
@@ -233,7 +235,7 @@ class MarginalStrategy:
             a_attrs = attrs_of(A)
             if self.kind == "residual":
                 U = [helmert_basis(sizes[i]) for i in a_attrs]
-                out[A] = _apply_axes(y[A], U) / (math.sqrt(xa) * math.sqrt(prod_outside(sizes, A)))
+                out[A] = _apply_axes(y[A], U) * math.sqrt(cells_of(sizes, A) / xa)
                 continue
             acc = np.zeros(tuple(sizes[i] for i in a_attrs))
             for s, T, th in zip(self.subsets, self.masks, self.params, strict=True):
@@ -258,7 +260,7 @@ class MarginalStrategy:
                     continue
                 idx = tuple(slice(None) if A >> i & 1 else None for i in s)
                 acc = acc + z[A][idx]
-            tables.append(prod_outside(self.domain_sizes, S) * acc)
+            tables.append(acc / cells_of(self.domain_sizes, S))
         return tables
 
     def release(
@@ -279,7 +281,8 @@ class MarginalStrategy:
                 if i in s:
                     F = helmert_basis(ni).T if self.kind == "residual" else np.eye(ni)
                 else:
-                    F = np.ones((1, ni)) / (math.sqrt(ni) if self.kind == "residual" else 1.0)
+                    F = np.ones((1, ni))
                 B = np.kron(B, F)
-            blocks.append((math.sqrt(v) if self.kind == "residual" else v) * B)
+            scale = math.sqrt(v * math.prod(self.domain_sizes[i] for i in s)) if self.kind == "residual" else v
+            blocks.append(scale * B)
         return Strategy(sp.csr_matrix(np.vstack(blocks)), name=self.name)
