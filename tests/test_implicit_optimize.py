@@ -191,3 +191,18 @@ def test_union_block_descent_is_feasible_and_bounded():
     dense_opt = solve_factor_gaussian(U.gram(), tol=1e-6)
     # one Kronecker strategy for a union is feasible, so it cannot beat the certified dense optimum
     assert sel.error.total / GAUSS.variance_factor >= dense_opt.dual_bound * (1 - 1e-9)
+
+
+def test_union_of_kronecker_parts_wins_on_disjoint_structure():
+    """AllRange x Total with Total x AllRange: one Kronecker strategy must serve both, OPT_+ need not."""
+    from dpopt.implicit.union_strategy import UnionKronStrategy
+    from dpopt.workloads import Total
+
+    U = UnionWorkload([KronWorkload([AllRange(16), Total(16)]), KronWorkload([Total(16), AllRange(16)])])
+    for priv in (GAUSS, Privacy(1.0)):
+        sel = select_strategy(U, priv)
+        alts = sel.extra["alternatives"]
+        assert isinstance(sel.strategy, UnionKronStrategy)
+        assert sel.error.total == pytest.approx(min(alts.values()))
+        assert sel.error.total < 0.9 * max(alts.values())
+        assert sel.error.total >= sel.bound

@@ -129,3 +129,28 @@ def test_marginal_strategy_refuses_unmeasured_residuals():
         S.expected_error(W, Privacy(1.0))
     with pytest.raises(ValueError, match="Gaussian"):
         MarginalStrategy([2, 3], "residual", [(0,)], [1.0]).sensitivity(1)
+
+
+def test_union_kron_strategy_sensitivity_and_error_match_dense():
+    import scipy.sparse as sp
+
+    from dpopt.implicit.union_strategy import UnionKronStrategy
+
+    rng = np.random.default_rng(7)
+    p1 = KronStrategy([rng.random((5, 4)), rng.random((3, 3))])
+    p2 = KronStrategy([np.eye(4), rng.random((4, 3))])
+    S = UnionKronStrategy([p1, p2], [0.7, 1.6], assignment=[0, 1])
+    stacked = np.vstack([0.7 * p1.to_dense().A.toarray(), 1.6 * p2.to_dense().A.toarray()])
+    assert S.sens_exact
+    assert S.sens1 == pytest.approx(np.abs(stacked).sum(axis=0).max(), rel=1e-12)
+    assert S.sens2 == pytest.approx(np.sqrt((stacked**2).sum(axis=0).max()), rel=1e-12)
+    U = UnionWorkload([KronWorkload([AllRange(4), Prefix(3)]), KronWorkload([Identity(4), Total(3)])], weights=[1.0, 2.0])
+    dense = 0.0
+    for wt, part, k in ((1.0, U.parts[0], 0), (2.0, U.parts[1], 1)):
+        Wd = sp.csr_matrix(part.dense().sparse()).toarray()
+        Ak = [p1, p2][k].to_dense().A.toarray() * [0.7, 1.6][k]
+        dense += wt**2 * float(np.sum((Wd @ np.linalg.pinv(Ak)) ** 2))
+    assert S.unit_error(U) == pytest.approx(dense, rel=1e-9)
+    x = rng.integers(0, 5, 12).astype(float)
+    ans = S.answer(x, Privacy(1e6, 1e-6), rng, U)
+    np.testing.assert_allclose(ans, U.matvec(x), atol=1e-3)

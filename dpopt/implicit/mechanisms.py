@@ -17,6 +17,7 @@ from dpopt.implicit.marginal_algebra import residual_rank
 from dpopt.implicit.marginal_strategy import MarginalStrategy
 from dpopt.implicit.optimize import ImplicitSelection, select_strategy
 from dpopt.implicit.strategy import KronStrategy
+from dpopt.implicit.union_strategy import UnionKronStrategy
 from dpopt.implicit.workloads import ImplicitWorkload, MarginalsWorkload, as_implicit
 from dpopt.mechanisms.base import FitInfo, Mechanism, MechanismError, Selection
 from dpopt.privacy import Privacy
@@ -24,7 +25,10 @@ from dpopt.validation import check_finite_vector
 from dpopt.workloads import Workload
 
 
-def _rank(strategy: KronStrategy | MarginalStrategy) -> int:
+def _rank(strategy: KronStrategy | MarginalStrategy | UnionKronStrategy) -> int:
+    if isinstance(strategy, UnionKronStrategy):
+        # sum of the parts' ranks, capped at n: an upper bound (the exact rank of the stack needs its Gram)
+        return min(sum(_rank(p) for p in strategy.parts), math.prod(strategy.domain_sizes))
     if isinstance(strategy, KronStrategy):
         return math.prod(int(np.count_nonzero(lam)) for lam, _ in strategy._factor_eigs)
     return sum(residual_rank(strategy.domain_sizes, A) for A, v in strategy._x.items() if v > 0)
@@ -79,6 +83,8 @@ class HDMMMechanism(Mechanism):
         s = self.strategy_
         if isinstance(s, KronStrategy):
             return s.answer(x, self.privacy_, rng, w)
+        if isinstance(s, UnionKronStrategy):
+            return s.answer(x, self.privacy_, rng, w)  # type: ignore[arg-type]
         assert isinstance(w, MarginalsWorkload) and isinstance(s, MarginalStrategy)
         T = x.reshape(w.domain_sizes)
         d = w.n_factors
