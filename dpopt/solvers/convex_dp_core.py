@@ -1,0 +1,141 @@
+"""Shared mathematics of the (eps, delta) strategy problem of seed 002 (Appendix 1.1).
+
+The problem (P = 1; multiply by P(eps, delta) for total error):
+
+    minimise  f(X) = trace(G X^+)   over X PSD with range(G) in range(X),   subject to  diag(X) <= 1,
+
+where G = W^T W (n x n). A strategy A with A^T A = X has sens2(A) <= 1 and total squared error
+||W A^+||_F^2 = f(X). For positive definite X this is trace(G X^{-1}); the constraint is met with equality
+at an optimum wherever its multiplier is positive (f decreases as X grows).
+
+Lagrangian dual (the certificate). Let V (k x n) be any factor with V^T V = G and d >= 0, D = diag(d).
+For feasible X, f(X) >= f(X) + sum_i d_i (X_ii - 1) = trace(V X^+ V^T) + trace(D X) - sum(d). With
+P = (X^+)^{1/2} V^T and Q = X^{1/2} D^{1/2}, P^T Q = V D^{1/2} (range condition), and
+||P^T Q||_* <= ||P||_F ||Q||_F <= (||P||_F^2 + ||Q||_F^2) / 2, hence
+
+    f(X) >= g(d) = 2 ||V D^{1/2}||_* - sum(d) = 2 trace((D^{1/2} G D^{1/2})^{1/2}) - sum(d),
+
+with equality for X(d) = V^T (V D V^T)^{-1/2} V, which solves X D X = G. Since g(t d) = 2 sqrt(t) phi - t s
+(phi = ||V D^{1/2}||_*, s = sum(d)) is maximised at sqrt(t) = phi / s, every d >= 0 certifies
+
+    OPT >= phi(d)^2 / sum(d).                                               (scaled dual bound)
+
+At d = 1 this is Li & Miklau's SVD bound (seed 004, Def. 4.1 / Prop. 4.3): the SVD bound is the dual
+function at uniform multipliers, and maximising over d closes the gap (strong duality: 0.5 I is strictly
+feasible). The gradient of g is diag(X(d)) - 1, so the optimal X(d*) has unit diagonal, and
+f(X(d)) = phi(d) exactly (proof: X(d)^+ = V^+ (V D V^T)^{1/2} (V^T)^+ for V of full row rank).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.linalg as sla
+
+from dpopt.solvers.result import CONVERGED, STALLED
+
+#: Eigenvalues of G below RANK_TOL * max eigenvalue are treated as zero (G singular).
+RANK_TOL = 1e-12
+
+
+def check_gram(G: np.ndarray, *, name: str = "G", sym_rtol: float = 1e-10) -> np.ndarray:
+    """Validate a Gram matrix G = W^T W and return it as a symmetric float64 array, shape (n, n).
+
+    Raises ValueError for a non-array shape, non-square, empty, NaN/inf, non-symmetric (beyond
+    sym_rtol * max|G|), or all-zero input.
+    """
+    try:
+        G = np.asarray(G, dtype=float)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{name} must be a real (n, n) array; could not convert it: {exc}") from None
+    if G.ndim != 2 or G.shape[0] != G.shape[1]:
+        raise ValueError(f"{name} must be a square (n, n) matrix W^T W; got shape {G.shape}")
+    if G.shape[0] == 0:
+        raise ValueError(f"{name} must be non-empty; got shape {G.shape}")
+    if not np.isfinite(G).all():
+        raise ValueError(f"{name} must contain only finite values (found NaN or inf)")
+    scale = float(np.max(np.abs(G)))
+    if scale == 0.0:
+        raise ValueError(f"{name} is the zero matrix; the workload must have at least one nonzero query")
+    asym = float(np.max(np.abs(G - G.T)))
+    if asym > sym_rtol * scale:
+        raise ValueError(
+            f"{name} must be symmetric (W^T W); max |G - G^T| = {asym:.3e} exceeds "
+            f"{sym_rtol:g} * max|G| = {sym_rtol * scale:.3e}"
+        )
+    return (G + G.T) / 2.0
+
+
+def range_factor(
+    G: np.ndarray, *, rank_tol: float = RANK_TOL, psd_rtol: float = 1e-8
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Factor G = V^T V restricted to the range of G.
+
+    Returns (V, V_full, lam): V has shape (k, n) with orthogonal rows, k = numerical rank of G
+    (eigenvalues above rank_tol * max eigenvalue); V_full (n, n) keeps every eigen-direction (round-off
+    negatives clipped to 0), so V_full^T V_full = G to working accuracy; lam (n,) are the eigenvalues
+    of G in ascending order.
+    Raises ValueError if G has an eigenvalue below -psd_rtol * max eigenvalue (not PSD).
+    """
+    lam, Q = np.linalg.eigh(G)
+    top = float(lam[-1])
+    if top <= 0.0:
+        raise ValueError("G must be positive semidefinite with a positive eigenvalue; its largest eigenvalue is <= 0")
+    if lam[0] < -psd_rtol * top:
+        raise ValueError(
+            f"G must be positive semidefinite (W^T W); smallest eigenvalue {lam[0]:.3e} < "
+            f"-{psd_rtol:g} * largest ({top:.3e})"
+        )
+    keep = lam > rank_tol * top
+    V_full = (Q * np.sqrt(np.clip(lam, 0.0, None))).T
+    return np.ascontiguousarray(V_full[keep]), V_full, lam
+
+
+def check_multipliers(d: np.ndarray, n: int) -> np.ndarray:
+    """Validate dual multipliers d (n,), d >= 0 finite and not all zero; return them as float64."""
+    d = np.asarray(d, dtype=float)
+    if d.shape != (n,):
+        raise ValueError(f"multipliers d must have shape ({n},) to match G; got {d.shape}")
+    if not np.isfinite(d).all():
+        raise ValueError("multipliers d must be finite (found NaN or inf)")
+    if (d < 0).any():
+        raise ValueError(f"multipliers d must be >= 0; smallest is {d.min():.3e}")
+    if not (d > 0).any():
+        raise ValueError("multipliers d must not all be zero")
+    return d
+
+
+def scaled_nuclear_norm(V: np.ndarray, d: np.ndarray) -> float:
+    """phi(d) = ||V D^{1/2}||_* by singular values (accurate for small ones, unlike sqrt(eig))."""
+    return float(sla.svdvals(V * np.sqrt(d), check_finite=False).sum())
+
+
+def dual_bound_from_factor(V: np.ndarray, d: np.ndarray, *, scaled: bool = True) -> float:
+    """Lagrangian dual of the seed 002 problem at multipliers d (derivation in this module's docstring).
+
+    V (k, n) with V^T V = G; d (n,) >= 0. Returns phi^2 / sum(d) if scaled (the best bound on the ray
+    t * d), else g(d) = 2 phi - sum(d). Both are lower bounds on min trace(G X^{-1}) s.t. diag(X) <= 1.
+    """
+    phi = scaled_nuclear_norm(V, d)
+    if scaled:
+        return phi * phi / float(d.sum())
+    return 2.0 * phi - float(d.sum())
+
+
+def objective_from_factor(V: np.ndarray, X: np.ndarray) -> float:
+    """f(X) = trace(G X^{-1}) = ||L^{-1} V^T||_F^2 with X = L L^T (Cholesky; no explicit inverse).
+
+    V (k, n) with V^T V = G; X (n, n) positive definite. Raises numpy/scipy LinAlgError if X is not
+    numerically positive definite.
+    """
+    L = sla.cholesky(X, lower=True, check_finite=False)
+    Y = sla.solve_triangular(L, V.T, lower=True, check_finite=False)
+    return float(np.einsum("ij,ij->", Y, Y))
+
+
+def certified_status(status: str, message: str, gap: float, tol: float) -> tuple[str, str]:
+    """Final status from the recomputed certificate: CONVERGED exactly when gap <= tol."""
+    if gap <= tol and status != CONVERGED:
+        return CONVERGED, f"certified relative gap {gap:.2e} <= tol {tol:.1e} ({message})"
+    if gap > tol and status == CONVERGED:
+        return STALLED, f"estimated gap met tol but the recomputed certificate gives {gap:.2e} > tol {tol:.1e}"
+    return status, message
