@@ -42,21 +42,30 @@ def project_l1_ball_columns(V: np.ndarray, radius: float = 1.0) -> np.ndarray:
         return project_l1_ball_columns(V[:, None], radius)[:, 0]
 
     r = V.shape[0]
-    absV = np.abs(V)
-    outside = absV.sum(axis=0) > radius
+    # Work on the transpose, one contiguous row per column of V: numpy sorts and accumulates along
+    # the last axis several times faster than along the first.
+    VT = np.ascontiguousarray(V.T)  # (n, r)
+    X = np.abs(VT)
+    outside = X.sum(axis=1) > radius
     if not outside.any():
         return V.copy()
-
-    # Work only on the columns that need it.
-    Vo = absV[:, outside]
-    u = -np.sort(-Vo, axis=0)  # each column sorted in decreasing order
-    c = np.cumsum(u, axis=0) - radius
-    k = np.arange(1, r + 1, dtype=float)[:, None]
+    all_out = bool(outside.all())
+    if not all_out:
+        X = X[outside]
+    u = np.sort(X, axis=1)[:, ::-1].copy()  # each row sorted in decreasing order
+    c = np.cumsum(u, axis=1)
+    c -= radius
+    k = np.arange(1, r + 1, dtype=float)
     # The set {k : u_k > c_k / k} is a prefix {1..rho} (Duchi et al., Lemma 2), so rho = its size.
-    rho = np.count_nonzero(u * k > c, axis=0)
-    theta = c[rho - 1, np.arange(rho.size)] / rho
-    theta = np.maximum(theta, 0.0)
+    rho = np.count_nonzero(u * k > c, axis=1)
+    theta = c[np.arange(rho.size), rho - 1] / rho
+    np.maximum(theta, 0.0, out=theta)
 
-    out = V.copy()
-    out[:, outside] = np.sign(V[:, outside]) * np.maximum(Vo - theta[None, :], 0.0)
-    return out
+    X -= theta[:, None]
+    np.maximum(X, 0.0, out=X)
+    if all_out:
+        outT = np.copysign(X, VT)
+    else:
+        outT = VT
+        outT[outside] = np.copysign(X, VT[outside])
+    return np.ascontiguousarray(outT.T)

@@ -1,0 +1,452 @@
+"""Low-Rank Mechanism decomposition W = B L (seed 000, Sections 4-5): Algorithms 1 and 2.
+
+Problem (Formula (7), or (8) when gamma > 0):
+
+    minimise ||B||_F^2 = tr(B^T B)  s.t.  ||W - B L||_F <= gamma,  ||L[:, j]||_1 <= 1 for all j,
+
+with W (m x n), B (m x r), L (r x n). Under eps-DP with Laplace noise of variance 2 b^2 for scale b
+(seed 000, Section 3.1 and Lemma 1), answering W through (B, L) has total squared error
+2 / eps^2 * ||B||_F^2 * max_j ||L[:, j]||_1^2.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from scipy.optimize import brentq
+
+from dpopt.solvers.l1ball import project_l1_ball_columns
+from dpopt.solvers.result import CONVERGED, FAILED, MAX_ITER, STALLED, TIME_LIMIT, SolverResult
+
+_RANK_RTOL = 1e-10  # singular values below this fraction of the largest count as zero
+
+
+def _as_matrix(W: Any) -> np.ndarray:
+    """W as a finite 2-D float array (accepts an ndarray or any object with a .matrix() method)."""
+    if hasattr(W, "matrix") and callable(W.matrix):
+        W = W.matrix()
+    W = np.asarray(W, dtype=float)
+    if W.ndim != 2 or W.shape[0] == 0 or W.shape[1] == 0:
+        raise ValueError(f"W must be a non-empty 2-D matrix (m x n); got shape {W.shape}")
+    if not np.isfinite(W).all():
+        raise ValueError("W must contain only finite values (found NaN or inf)")
+    return W
+
+
+def numerical_rank(W: np.ndarray, rtol: float = _RANK_RTOL) -> int:
+    """Number of singular values of W (m x n) above rtol times the largest one."""
+    s = np.linalg.svd(W, compute_uv=False)
+    if s.size == 0 or s[0] == 0.0:
+        return 0
+    return int(np.count_nonzero(s > rtol * s[0]))
+
+
+def default_rank(W: np.ndarray) -> int:
+    """Seed 000, Section 6.1: r = ceil(1.2 * rank(W)) (the paper's recommended default).
+
+    rank(W) counts singular values above 1e-10 times the largest (`numerical_rank`).
+    """
+    return max(1, math.ceil(1.2 * numerical_rank(W) - 1e-9))
+
+
+def svd_start(W: np.ndarray, r: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Feasible SVD start for Algorithm 1 (after the construction in seed 000, Lemma 3).
+
+    With W = U diag(s) V^T (thin SVD, k = min(r, rank W) leading triplets), L0 stacks V_k^T (k x n)
+    on top of r - k rows of i.i.d. N(0, 1/n) entries drawn from rng (so the extra rank is not stuck
+    at zero: a zero row of L gets a zero gradient in both the B- and the L-step), and is then divided
+    by its largest column L1 norm, so max_j ||L0[:, j]||_1 = 1 exactly. B0 = W L0^+ is the least-squares
+    (minimum Frobenius norm) reconstruction; B0 L0 = W exactly when k = rank W.
+    Lemma 3 (B = sqrt(k) U diag(s), L = V^T / sqrt(k)) scales by sqrt(k) instead of the largest
+    column L1 norm, which is never smaller; the authors' released Matlab code uses that scaling
+    with sqrt(r) and pads the extra rows and columns with the constant 1e-8.
+
+    Returns (B0 (m x r), L0 (r x n)).
+    """
+    m, n = W.shape
+    _, s, Vt = np.linalg.svd(W, full_matrices=False)
+    k = min(r, int(np.count_nonzero(s > _RANK_RTOL * s[0])) if s[0] > 0 else 0)
+    L0 = np.vstack([Vt[:k], rng.normal(scale=1.0 / math.sqrt(n), size=(r - k, n))])
+    L0 /= np.abs(L0).sum(axis=0).max()
+    B0 = W @ np.linalg.pinv(L0)
+    return B0, L0
+
+
+def random_start(W: np.ndarray, r: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Random start: L0 with i.i.d. N(0, 1) entries scaled to max column L1 norm 1, B0 = W L0^+."""
+    L0 = rng.normal(size=(r, W.shape[1]))
+    L0 /= np.abs(L0).sum(axis=0).max()
+    return W @ np.linalg.pinv(L0), L0
+
+
+def update_B(W: np.ndarray, L: np.ndarray, pi: np.ndarray, beta: float) -> np.ndarray:
+    """LRM Eq. (9) (seed 000, Section 5): B = (beta W + pi) L^T (beta L L^T + I)^{-1}, shape (m x r)."""
+    r = L.shape[0]
+    K = beta * (L @ L.T) + np.eye(r)
+    rhs = (beta * W + pi) @ L.T  # m x r
+    # K is symmetric positive definite, so solve K B^T = rhs^T instead of forming the inverse.
+    return np.linalg.solve(K, rhs.T).T
+
+
+def nesterov_L(
+    Q: np.ndarray,
+    C: np.ndarray,
+    beta: float,
+    L0: np.ndarray,
+    *,
+    omega0: float = 1.0,
+    max_iter: int = 100,
+    tol: float = 1e-6,
+    chi: float | None = None,
+) -> tuple[np.ndarray, float, int]:
+    """LRM Algorithm 2 (seed 000, Section 5): Nesterov projected gradient for the L-step, Formula (10).
+
+    Minimises G(L) = beta/2 <L, Q L> - <C, L> over {||L[:, j]||_1 <= 1}, where Q = B^T B (r x r) and
+    C = B^T (beta W + pi) (r x n), so grad G = beta Q L - C. The Lipschitz estimate omega starts at
+    omega0 and is doubled until G(L_t) <= G(S) + <grad G(S), L_t - S> + omega/2 ||L_t - S||_F^2,
+    evaluated as beta <D, Q D> <= omega ||D||_F^2 with D = L_t - S (exact for this quadratic G).
+
+    Stops when ||S - L_t||_F < chi (the paper's test, chi = r n 1e-12 by default), when
+    ||L_t - L_{t-1}||_F <= tol * max(1, ||L_t||_F), or after max_iter accelerated steps.
+
+    Returns (L (r x n), final omega, number of accelerated steps taken).
+    """
+    r, n = L0.shape
+    if chi is None:
+        chi = r * n * 1e-12
+
+    L_prev = L_cur = L0
+    QL_prev = QL_cur = Q @ L0  # Q L is linear in L, so it is carried along instead of recomputed
+    d_prev2, d_prev = 0.0, 1.0  # delta^(t-2), delta^(t-1)
+    omega = float(omega0)
+    steps = 0
+    for _ in range(max_iter):
+        alpha = (d_prev2 - 1.0) / d_prev
+        S = L_cur + alpha * (L_cur - L_prev)
+        QS = QL_cur + alpha * (QL_cur - QL_prev)
+        gS = beta * QS - C
+        while True:
+            Lt = project_l1_ball_columns(S - gS / omega)
+            D = Lt - S
+            nD2 = float(np.vdot(D, D))
+            if math.sqrt(nD2) < chi:
+                return Lt, omega, steps + 1
+            QD = Q @ D
+            # G is quadratic, so G(Lt) - G(S) - <grad G(S), D> = beta/2 <D, Q D> exactly; testing
+            # that form avoids the cancellation that inflates omega when D is tiny.
+            if beta * float(np.vdot(D, QD)) <= omega * nD2:
+                break
+            omega *= 2.0
+        steps += 1
+        L_prev, L_cur = L_cur, Lt
+        QL_prev, QL_cur = QL_cur, QS + QD
+        d_prev2, d_prev = d_prev, 0.5 * (1.0 + math.sqrt(1.0 + 4.0 * d_prev * d_prev))
+        if np.linalg.norm(L_cur - L_prev) <= tol * max(1.0, float(np.linalg.norm(L_cur))):
+            break
+    return L_cur, omega, steps
+
+
+def reoptimize_B(W: np.ndarray, L: np.ndarray, gamma: float = 0.0) -> np.ndarray:
+    """Best B for a fixed L: min ||B||_F^2 s.t. ||W - B L||_F <= gamma (Formula (8) in B alone).
+
+    gamma = 0: the least-squares / minimum-norm solution B = W L^+ (exact when the rows of W lie in
+    the row space of L). gamma > 0: the KKT conditions give the ridge form
+    B(lam) = lam W L^T (lam L L^T + I)^{-1}; with L = U diag(s) V^T the residual is
+    ||W (I - V V^T)||_F^2 + sum_i ||W v_i||^2 / (lam s_i^2 + 1)^2, decreasing in lam, and lam is the
+    root of residual(lam) = gamma (B = 0 if ||W||_F <= gamma; B = W L^+ if even that misses gamma).
+
+    Returns B (m x r).
+    """
+    if gamma <= 0.0:
+        return W @ np.linalg.pinv(L)
+    if np.linalg.norm(W) <= gamma:
+        return np.zeros((W.shape[0], L.shape[0]))
+    U, s, Vt = np.linalg.svd(L, full_matrices=False)
+    keep = s > _RANK_RTOL * (s[0] if s.size else 0.0)
+    U, s, Vt = U[:, keep], s[keep], Vt[keep]
+    WV = W @ Vt.T  # m x k
+    a = (WV * WV).sum(axis=0)  # ||W v_i||^2
+    # ||W (I - V V^T)||_F^2, formed directly: ||W||^2 - sum(a) cancels when gamma << ||W||.
+    base = float(np.linalg.norm(W - WV @ Vt) ** 2)
+    # Aim a hair inside the ball so the recomputed residual of the returned B stays <= gamma.
+    target = (gamma * (1.0 - 1e-8)) ** 2
+    if base >= target:
+        return W @ np.linalg.pinv(L)
+
+    def excess(log_lam: float) -> float:
+        lam = math.exp(log_lam)
+        return base + float(np.sum(a / (lam * s * s + 1.0) ** 2)) - target
+
+    lo, hi = -60.0, 60.0
+    if excess(hi) > 0.0:  # gamma is within rounding of the least-squares residual
+        return W @ np.linalg.pinv(L)
+    log_lam = brentq(excess, lo, hi, xtol=1e-14, rtol=1e-14, maxiter=500)
+    lam = math.exp(log_lam)
+    # B = lam W V diag(s / (lam s^2 + 1)) U^T
+    return (WV * (lam * s / (lam * s * s + 1.0))) @ U.T
+
+
+def _check_options(**opts: Any) -> None:
+    """Validate solve_lrm's numeric options (positive ints, positive finite floats)."""
+    for name in ("max_outer", "max_inner", "max_nesterov", "beta_double_every"):
+        val = opts[name]
+        if isinstance(val, bool) or not isinstance(val, int | np.integer) or val < 1:
+            raise ValueError(f"{name} must be a positive integer; got {val!r}")
+    for name in ("tol", "ftol", "beta0", "beta_max"):
+        val = opts[name]
+        if isinstance(val, bool) or not isinstance(val, int | float | np.number) or not (
+            np.isfinite(val) and val > 0
+        ):
+            raise ValueError(f"{name} must be a finite number > 0; got {val!r}")
+    revive = opts["revive"]
+    if not (0.0 <= revive < 1.0):
+        raise ValueError(f"revive must be in [0, 1); got {revive!r}")
+    time_limit = opts["time_limit"]
+    if time_limit is not None and not (isinstance(time_limit, int | float) and time_limit > 0):
+        raise ValueError(f"time_limit must be None or a number of seconds > 0; got {time_limit!r}")
+
+
+def _make_rng(seed: Any, rng: Any) -> np.random.Generator:
+    """One Generator from either seed (int, Generator or None) or rng (Generator or None)."""
+    if seed is not None and rng is not None:
+        raise ValueError("give at most one of seed and rng")
+    if rng is not None:
+        if not isinstance(rng, np.random.Generator):
+            raise ValueError(f"rng must be a numpy.random.Generator; got {type(rng).__name__}")
+        return rng
+    if isinstance(seed, np.random.Generator):
+        return seed
+    if seed is None or (isinstance(seed, int | np.integer) and not isinstance(seed, bool)):
+        return np.random.default_rng(seed)
+    raise ValueError(f"seed must be an int, a numpy Generator or None; got {type(seed).__name__}")
+
+
+def _start(
+    W: np.ndarray, rank: Any, init: Any, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """(B0, L0) from the init option; see `svd_start` and `random_start`."""
+    n = W.shape[1]
+    if isinstance(init, np.ndarray):
+        L0 = np.asarray(init, dtype=float)
+        if L0.ndim != 2 or L0.shape[1] != n or L0.shape[0] < 1 or not np.isfinite(L0).all():
+            raise ValueError(f"init as an array must be a finite L0 of shape (r, {n}); got {L0.shape}")
+        if rank is not None and L0.shape[0] != rank:
+            raise ValueError(f"init has {L0.shape[0]} rows but rank={rank}")
+        L0 = project_l1_ball_columns(L0)
+        return W @ np.linalg.pinv(L0), L0
+    if rank is None:
+        r = default_rank(W)
+    elif isinstance(rank, bool) or not isinstance(rank, int | np.integer) or rank < 1:
+        raise ValueError(f"rank must be a positive integer or None; got {rank!r}")
+    else:
+        r = int(rank)
+    if isinstance(init, str) and init == "svd":
+        return svd_start(W, r, rng)
+    if isinstance(init, str) and init == "random":
+        return random_start(W, r, rng)
+    raise ValueError(f"init must be 'svd', 'random' or an (r, n) array; got {init!r}")
+
+
+def revive_dead_rows(L: np.ndarray, weight: float, rng: np.random.Generator) -> tuple[np.ndarray, int]:
+    """Reseed rows of L (r x n) that the L1 projection has set exactly to zero.
+
+    A zero row of L gets a zero column in the B-step (Eq. (9)) and then a zero gradient in the
+    L-step, so without help it can never return and the usable rank shrinks (below rank(W) the
+    constraint W = B L becomes unreachable). The reseeded L is (1 - weight) L + weight R, where R is
+    N(0, 1) on the dead rows and zero elsewhere with columns scaled to L1 norm 1: a convex combination
+    of two feasible matrices, hence feasible. Returns (new L, number of rows reseeded).
+    """
+    dead = np.abs(L).sum(axis=1) == 0.0
+    ndead = int(dead.sum())
+    if ndead == 0 or weight == 0.0:
+        return L, 0
+    R = np.zeros_like(L)
+    R[dead] = rng.normal(size=(ndead, L.shape[1]))
+    R /= np.abs(R).sum(axis=0)
+    return (1.0 - weight) * L + weight * R, ndead
+
+
+def polish(
+    W: np.ndarray, L: np.ndarray, gamma: float, tol: float, exact_slack: float = 1e-3
+) -> np.ndarray:
+    """Final B for the final L (m x r): exact when affordable, never blown up by a near-singular L.
+
+    gamma > 0: `reoptimize_B(W, L, gamma)`. gamma = 0: B_exact = W L^+ (residual at rounding level
+    when the rows of W lie in the row space of L) is kept unless ||B_exact||_F^2 exceeds
+    (1 + exact_slack) ||B_tol||_F^2, where B_tol = `reoptimize_B(W, L, tol ||W||_F)` is the cheapest
+    B with relative residual <= tol: spending the whole residual budget always saves a little
+    (O(tol) relatively), but a near-singular direction of L that W barely uses makes ||W L^+||
+    explode, and then B_tol is returned.
+    """
+    if gamma > 0.0:
+        return reoptimize_B(W, L, gamma)
+    normW = float(np.linalg.norm(W))
+    B_exact = W @ np.linalg.pinv(L)
+    B_tol = reoptimize_B(W, L, tol * normW)
+    exact_ok = np.linalg.norm(W - B_exact @ L) <= tol * normW
+    if exact_ok and np.vdot(B_exact, B_exact) <= (1.0 + exact_slack) * np.vdot(B_tol, B_tol):
+        return B_exact
+    return B_tol
+
+
+def solve_lrm(
+    W: Any,
+    *,
+    rank: int | None = None,
+    gamma: float = 0.0,
+    max_outer: int = 1000,
+    max_inner: int = 5,
+    max_nesterov: int = 5,
+    tol: float = 1e-6,
+    ftol: float = 1e-6,
+    beta0: float = 1.0,
+    beta_double_every: int = 10,
+    beta_max: float = 1e12,
+    revive: float = 1e-2,
+    seed: int | np.random.Generator | None = None,
+    rng: np.random.Generator | None = None,
+    init: str | np.ndarray = "svd",
+    callback: Callable[[dict[str, Any]], None] | None = None,
+    time_limit: float | None = None,
+) -> SolverResult:
+    """LRM Algorithm 1 (seed 000, Section 5): inexact augmented Lagrangian for W = B L.
+
+    pi starts at 0 and beta at beta0 (both as in the paper). Outer iteration k runs max_inner
+    alternations of the B-step (Eq. (9), closed form) and the L-step (Algorithm 2, at most
+    max_nesterov accelerated steps, warm-started), then computes tau = ||W - B L||_F, doubles beta
+    when k is divisible by beta_double_every (the paper's schedule) and updates the multiplier
+    pi <- pi + beta (W - B L) with the new beta (Algorithm 1, lines 10-12). At each doubling, if the
+    residual test still fails, rows of L that are exactly zero are reseeded (`revive_dead_rows`,
+    weight `revive`; 0 switches this off).
+
+    Stopping rule, checked after every outer iteration:
+      gamma = 0: tau <= tol ||W||_F and |f_k - f_{k-1}| <= ftol f_k, with f = ||B||_F^2;
+      gamma > 0: tau <= gamma (the paper's "tau is sufficiently small").
+    Otherwise it stops at max_outer (MAX_ITER), after time_limit seconds (TIME_LIMIT) or when beta
+    would exceed beta_max (STALLED). On exit L is projected once more (column L1 norms <= 1 up to
+    rounding, ~1e-15) and B is re-optimised for it by `polish`. status is CONVERGED only when the
+    stopping rule was met and the polished pair passes the residual test again (relative residual
+    <= tol for gamma = 0, residual <= gamma (1 + 1e-9) for gamma > 0); otherwise FAILED.
+
+    Parameters
+    ----------
+    W : ndarray (m x n) or a workload with .matrix().
+    rank : r, the number of rows of L; default ceil(1.2 rank(W)) (seed 000, Section 6.1).
+    gamma : relaxation of Formula (8), an absolute bound on ||W - B L||_F (>= 0).
+    max_inner, max_nesterov : B/L alternations per outer iteration and accelerated steps per L-step
+        (the paper leaves both open; 5 and 5 are the values of the authors' released code).
+    init : "svd" (`svd_start`), "random" (`random_start`) or an explicit L0 (r x n), projected onto
+        the constraint set, with B0 = W L0^+.
+    seed, rng : randomness for the start (the r - rank(W) extra rows of the SVD start, or the random
+        start) and for reseeding dead rows; give at most one.
+    callback : called after each outer iteration with a dict (k, beta, residual, rel_residual, fun,
+        ninner, B, L); its return value is ignored.
+
+    Returns
+    -------
+    SolverResult with x = (B (m x r), L (r x n)), fun = ||B||_F^2 of the polished B, nit = outer
+    iterations, ninner = total accelerated steps, and extra: residual ||W - B L||_F, rel_residual,
+    max_col_l1, error_factor (||B||_F^2 max_j ||L[:, j]||_1^2; the total squared error under eps-DP
+    is 2 / eps^2 * error_factor), rank, gamma, final beta, revived_rows, and per-outer-iteration
+    histories fun_history, residual_history, beta_history (ALM iterates, before polishing).
+    """
+    t_wall, t_cpu = time.perf_counter(), time.process_time()
+    W = _as_matrix(W)
+    normW = float(np.linalg.norm(W))
+    if normW == 0.0:
+        raise ValueError("W must have at least one non-zero entry (the zero workload needs no noise)")
+    gamma = float(gamma)
+    if not np.isfinite(gamma) or gamma < 0.0:
+        raise ValueError(f"gamma must be a finite number >= 0; got {gamma!r}")
+    _check_options(max_outer=max_outer, max_inner=max_inner, max_nesterov=max_nesterov,
+                   beta_double_every=beta_double_every, tol=tol, ftol=ftol, beta0=beta0,
+                   beta_max=beta_max, revive=revive, time_limit=time_limit)
+    gen = _make_rng(seed, rng)
+    B, L = _start(W, rank, init, gen)
+    r = L.shape[0]
+
+    pi = np.zeros_like(W)
+    beta = float(beta0)
+    omega = 1.0
+    fun_hist: list[float] = []
+    res_hist: list[float] = []
+    beta_hist: list[float] = []
+    ninner = 0
+    nrevived = 0
+    status, message = MAX_ITER, f"reached max_outer={max_outer} outer iterations"
+    k = 0
+    for k in range(1, max_outer + 1):
+        for _ in range(max_inner):
+            B = update_B(W, L, pi, beta)
+            # Restart the Lipschitz search a little below the last accepted value (the paper
+            # restarts from omega = 1 at every call, which costs ~log2(beta ||B||_2^2) projections).
+            L, omega, steps = nesterov_L(
+                B.T @ B, B.T @ (beta * W + pi), beta, L,
+                omega0=max(1.0, omega / 4.0), max_iter=max_nesterov, tol=tol,
+            )
+            ninner += steps
+        R = W - B @ L
+        tau = float(np.linalg.norm(R))
+        fun = float(np.vdot(B, B))
+        fun_hist.append(fun)
+        res_hist.append(tau)
+        beta_hist.append(beta)
+        if callback is not None:
+            callback({"k": k, "beta": beta, "residual": tau, "rel_residual": tau / normW,
+                      "fun": fun, "ninner": ninner, "B": B, "L": L})
+        if gamma > 0.0:
+            met = tau <= gamma
+        else:
+            met = tau <= tol * normW and k > 1 and abs(fun - fun_hist[-2]) <= ftol * fun
+        if met:
+            status, message = CONVERGED, "residual and objective met the stopping rule"
+            break
+        if time_limit is not None and time.perf_counter() - t_wall > time_limit:
+            status, message = TIME_LIMIT, f"time_limit={time_limit} s reached"
+            break
+        if k % beta_double_every == 0:
+            if 2.0 * beta > beta_max:
+                status, message = STALLED, f"beta would exceed beta_max={beta_max:g}"
+                break
+            beta *= 2.0
+            if tau > tol * normW:
+                L, nnew = revive_dead_rows(L, revive, gen)
+                nrevived += nnew
+        pi = pi + beta * R
+
+    L = project_l1_ball_columns(L)
+    B = polish(W, L, gamma, tol)
+    resid = float(np.linalg.norm(W - B @ L))
+    max_l1 = float(np.abs(L).sum(axis=0).max())
+    fun = float(np.vdot(B, B))
+    ok = resid <= tol * normW * (1.0 + 1e-9) if gamma == 0.0 else resid <= gamma * (1.0 + 1e-9)
+    if status == CONVERGED and not ok:
+        status = FAILED
+        message = f"stopping rule met but the polished pair has residual {resid:.3e}"
+    return SolverResult(
+        x=(B, L),
+        fun=fun,
+        status=status,
+        message=message,
+        nit=k,
+        ninner=ninner,
+        wall_seconds=time.perf_counter() - t_wall,
+        cpu_seconds=time.process_time() - t_cpu,
+        extra={
+            "residual": resid,
+            "rel_residual": resid / normW,
+            "max_col_l1": max_l1,
+            "error_factor": fun * max_l1 * max_l1,
+            "rank": r,
+            "gamma": gamma,
+            "beta": beta,
+            "revived_rows": nrevived,
+            "fun_history": np.array(fun_hist),
+            "residual_history": np.array(res_hist),
+            "beta_history": np.array(beta_hist),
+        },
+    )
