@@ -77,7 +77,7 @@ class LowRankMechanism(Mechanism):
         self.solver_options = dict(solver_options or {})
         self.on_unconverged = check_policy(on_unconverged, "lrm")
         # Exact decompositions are accepted at the solver's own residual test; relaxed ones within gamma.
-        self.support_rtol = self.tol
+        self.support_rtol = self.tol * (1.0 + 1e-9)
 
     # -- selection ---------------------------------------------------------------------------------
     def _select(self, workload: Workload, privacy: Privacy) -> Selection:

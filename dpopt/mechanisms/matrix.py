@@ -21,6 +21,8 @@ least-squares error) and `answer_info_` records which inference produced the las
 
 from __future__ import annotations
 
+import time
+from importlib import import_module
 from typing import Any, ClassVar
 
 import numpy as np
@@ -31,7 +33,7 @@ from scipy.optimize import lsq_linear, nnls
 from dpopt.mechanisms.base import Mechanism, MechanismError, Selection
 from dpopt.mechanisms.convergence import check_policy, solver_status
 from dpopt.privacy import Privacy
-from dpopt.solvers.result import SolverResult
+from dpopt.solvers.result import CONVERGED, MAX_ITER, SolverResult
 from dpopt.strategy import RANK_RTOL, Strategy
 from dpopt.validation import check_finite_vector
 from dpopt.workloads import Workload
@@ -45,6 +47,10 @@ _HAND_SOLVERS = {
     "optimal": ("dpopt.solvers.convex_dp", "solve_convex_dp", "gram"),
     "appendix-b": ("dpopt.solvers.appendix_b", "solve_appendix_b", "gram"),
 }
+# CVXPY reference model (module in formulations/) for each kind.
+_CVXPY_MODELS = {"eigen": "eigen_design", "optimal": "mm_approx", "appendix-b": "appendix_b"}
+# A cell is unmeasured when its column of W has squared norm below this fraction of the largest.
+ZERO_COLUMN_RTOL = 1e-14
 # NNLS: iteration cap of scipy's active-set method (per call) and tolerance of the sparse solver.
 NNLS_MAX_ITER_FACTOR = 50
 NNLS_SPARSE_TOL = 1e-10
@@ -131,14 +137,21 @@ class MatrixMechanism(Mechanism):
     def _select(self, workload: Workload, privacy: Privacy) -> Selection:
         if isinstance(self.strategy, Strategy):
             return Selection(self.strategy, solver="given", status="given", message="strategy given by the caller")
-        G = workload.gram()
+        G_full = workload.gram()
+        d = np.diag(G_full)
+        if not d.max() > 0:
+            raise MechanismError(f"{self.short_name}: workload {workload.name} is all zeros; nothing to answer")
+        # Cells no query touches (zero columns of W) are not measured: they leave trace(G X^-1)
+        # unchanged, so the optimum is not unique there, and measuring them only adds sensitivity.
+        kept = np.flatnonzero(d > ZERO_COLUMN_RTOL * d.max())
+        G = G_full[np.ix_(kept, kept)]
         # trace(G X^-1) scales with G: normalise so solver tolerances mean the same on every workload.
         scale = float(np.mean(np.diag(G)))
-        if not scale > 0:
-            raise MechanismError(f"{self.short_name}: workload {workload.name} is all zeros")
-        result, solver_name = self._run_solver(G / scale, workload)
+        G = G / scale
+        result, solver_name = self._run_solver(G, workload)
         status, message = solver_status(result, self.short_name, self.on_unconverged)
-        X = self._gram_from_result(result, G / scale)
+        X = np.zeros_like(G_full)
+        X[np.ix_(kept, kept)] = self._gram_from_result(result, G)
         A, used = factor_gram(X, self.factor, privacy)
         if privacy.is_pure:
             message = (
@@ -149,11 +162,15 @@ class MatrixMechanism(Mechanism):
             "factor": used,
             "kind": self.strategy,
             "inference": self.inference,
+            "unmeasured_cells": int(G_full.shape[0] - kept.size),
             "solver_fun": float(result.fun),
+            # Certified lower bound on trace(W^T W X^+) over the solver's strategy family at sens2 = 1,
+            # in the units of workload.gram(): times P(eps, delta), a lower bound on the Gaussian error.
+            "unit_lower_bound": None if result.dual_bound is None else float(result.dual_bound) * scale,
             "solver_wall_seconds": float(result.wall_seconds),
         }
         return Selection(
-            Strategy(A, name=self.strategy),
+            Strategy(A, name=str(self.strategy)),
             solver=solver_name,
             status=status,
             iterations=int(result.nit),
@@ -163,38 +180,74 @@ class MatrixMechanism(Mechanism):
         )
 
     def _run_solver(self, G: np.ndarray, workload: Workload) -> tuple[SolverResult, str]:
-        """Run the hand-written solver or the CVXPY model for self.strategy on the normalised Gram G."""
+        """Run the hand-written solver or the CVXPY model for self.strategy on the normalised Gram G.
+
+        solver="auto" uses the hand-written solver when its module is installed, else the CVXPY model.
+        """
         kind = str(self.strategy)
-        if self.solver.startswith("cvxpy"):
-            return self._run_cvxpy(kind, G)
         module, func, _ = _HAND_SOLVERS[kind]
-        try:
-            mod = __import__(module, fromlist=[func])
-            solve = getattr(mod, func)
-        except (ImportError, AttributeError):
-            raise MechanismError(
-                f"{self.short_name}: strategy {kind!r} needs {module}.{func}, which is not available on "
-                "this installation"
-            ) from None
+        solve = None
+        if not self.solver.startswith("cvxpy"):
+            try:
+                solve = getattr(import_module(module), func)
+            except (ImportError, AttributeError):
+                if self.solver == "hand":
+                    raise MechanismError(
+                        f"{self.short_name}: strategy {kind!r} needs {module}.{func}, which is not "
+                        "available on this installation; use solver='cvxpy'"
+                    ) from None
+        if solve is None:
+            return self._run_cvxpy(kind, G)
         try:
             return solve(G, **self.solver_options), func
         except ValueError as exc:
             raise MechanismError(f"{self.short_name}: {func} cannot handle workload {workload.name}: {exc}") from None
 
     def _run_cvxpy(self, kind: str, G: np.ndarray) -> tuple[SolverResult, str]:
-        raise MechanismError(f"{self.short_name}: no CVXPY model is wired for strategy {kind!r}")
+        """The CVXPY reference model for `kind` (formulations/), solved by the named conic solver.
+
+        An inaccurate solution (optimal_inaccurate, user_limit) is kept and reported as MAX_ITER, so the
+        convergence policy applies to it like to a hand-written solver at its iteration cap.
+        """
+        name = self.solver.partition(":")[2] or "clarabel"
+        try:
+            model_module = import_module(f"formulations.{_CVXPY_MODELS[kind]}")
+            from formulations.solve import FormulationError, solve
+        except ImportError:
+            raise MechanismError(f"{self.short_name}: the CVXPY models (formulations/) are not installed") from None
+        t0, c0 = time.perf_counter(), time.process_time()
+        opts = dict(self.solver_options)
+        try:
+            model = model_module.build(G)
+            res = solve(model, name, accept_inaccurate=True, **opts)
+        except (FormulationError, ValueError) as exc:
+            raise MechanismError(f"{self.short_name}: CVXPY model for {kind!r} failed: {exc}") from None
+        assert res.strategy is not None
+        out = SolverResult(
+            x=res.strategy.gram,
+            fun=res.objective,
+            status=MAX_ITER if res.inaccurate else CONVERGED,
+            message=f"{res.solver}: {res.status}",
+            nit=int(res.iterations or 0),
+            wall_seconds=time.perf_counter() - t0,
+            cpu_seconds=time.process_time() - c0,
+            dual_bound=res.dual_objective,
+            gap=res.gap,
+        )
+        return out, f"cvxpy:{res.solver}"
 
     def _gram_from_result(self, result: SolverResult, G: np.ndarray) -> np.ndarray:
-        """Strategy Gram X (n x n) from a solver result: X itself, or eigen-design weights on eig(G)."""
-        _, _, what = _HAND_SOLVERS[str(self.strategy)]
+        """Strategy Gram X (n x n) from a solver result: X itself, or eigen-design weights u on eig(G)."""
         x = np.asarray(result.x, dtype=float)
-        if what == "gram":
-            if x.shape != G.shape or not np.all(np.isfinite(x)):
-                raise MechanismError(
-                    f"{self.short_name}: solver returned x of shape {x.shape}; expected a finite {G.shape} Gram"
-                )
+        if x.shape == G.shape and np.all(np.isfinite(x)):
             return (x + x.T) / 2
-        raise MechanismError(f"{self.short_name}: unsupported solver output {what!r}")
+        if x.shape == (G.shape[0],) and np.all(np.isfinite(x)) and "eigenvectors" in result.extra:
+            P = np.asarray(result.extra["eigenvectors"], dtype=float)
+            return (P * np.clip(x, 0.0, None)) @ P.T
+        raise MechanismError(
+            f"{self.short_name}: solver returned x of shape {x.shape}; expected a finite {G.shape} Gram "
+            "or eigen-design weights with their eigenvectors"
+        )
 
     # -- answering ---------------------------------------------------------------------------------
     def answer(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
