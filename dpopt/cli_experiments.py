@@ -68,6 +68,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     )
     p.add_argument("name", choices=list(EXPERIMENTS), metavar="NAME", help="experiment name (see below)")
     p.add_argument("--full", action="store_true", help="the paper's parameter ranges and repetitions")
+    p.add_argument("--scale", choices=["small", "default", "full"], default=None,
+                   help="small (seconds), default (minutes) or full (= --full)")
     p.add_argument("--out", default="reproduce", help="output directory (default ./reproduce)")
     p.add_argument("--plot", default=None, help="copy the figure to this PNG path as well")
     p.add_argument("--repetitions", type=_positive_int, default=None, help="override the repetitions")
@@ -133,7 +135,7 @@ def _reproduce(args: argparse.Namespace) -> int:
     from dpopt.reproduce import reproduce
 
     _check_workers(args.workers)
-    res = reproduce(args.name, full=args.full, out=args.out, max_workers=args.workers, scheduler=args.scheduler,
+    res = reproduce(args.name, full=args.full, scale=args.scale, out=args.out, max_workers=args.workers, scheduler=args.scheduler,
                     cache=args.cache, repetitions=args.repetitions, progress=not args.no_progress)
     if args.plot and "png" in res.files:
         shutil.copyfile(res.files["png"], args.plot)

@@ -1,7 +1,7 @@
 """`dpopt reproduce NAME`: the source papers' tables and figures, rerun as sweeps and set beside the papers.
 
-Every experiment is a registry entry (`EXPERIMENTS`): the tasks it runs (a small scale by default, the
-paper's scale with `full=True`), how its rows are summarised, how it is drawn, and what the paper reports
+Every experiment is a registry entry (`EXPERIMENTS`): the tasks it runs at three scales ("small": seconds,
+for notebooks in CI; "default": minutes; "full": the paper's parameter ranges and repetitions), how its rows are summarised, how it is drawn, and what the paper reports
 (numbers where the paper prints them, its stated findings where the figure is only a picture). A run
 writes `<out>/<name>.csv` (one row per task), `<out>/<name>-summary.csv` and `<out>/<name>.png`, and
 prints every place where our numbers differ from the paper's.
@@ -30,6 +30,20 @@ from dpopt.experiments import Task, resolve_workload, run_sweep
 SEARCHLOGS_RELATIVE = Path("shared/data/dpbench/1D/SEARCHLOGS.n4096.npy")
 
 
+SCALES = ("small", "default", "full")
+
+
+def check_scale(scale: str) -> str:
+    """Validate a scale name: 'small' (seconds), 'default' (minutes) or 'full' (the paper's)."""
+    if scale not in SCALES:
+        raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
+    return scale
+
+
+def _pick(scale: str, small: Any, default: Any, full: Any) -> Any:
+    return {"small": small, "default": default, "full": full}[check_scale(scale)]
+
+
 @dataclass
 class Point:
     """One x-position of one panel: a workload template with its sizes and per-mechanism parameters."""
@@ -51,16 +65,16 @@ class Claim:
 
 @dataclass
 class Experiment:
-    """A reproducible experiment: its points at default and full scale, mechanisms, privacy and checks."""
+    """A reproducible experiment: its points at each scale (see SCALES), mechanisms, privacy and checks."""
 
     name: str
     title: str
     source: str
-    points: Callable[[bool], list[Point]]
+    points: Callable[[str], list[Point]]
     mechanisms: Sequence[str]
-    epsilon: Callable[[bool], list[float]] = lambda full: [0.1]
+    epsilon: Callable[[str], list[float]] = lambda scale: [0.1]
     delta: float = 0.0
-    repetitions: Callable[[bool], int] = lambda full: 1
+    repetitions: Callable[[str], int] = lambda scale: 1
     metric: str = "avg_squared_error"
     xlabel: str = "x"
     ylabel: str = "average squared error per query"
@@ -72,16 +86,17 @@ class Experiment:
     plot: Callable[[pd.DataFrame, pd.DataFrame, Path], None] | None = None
     note: str = ""
 
-    def tasks(self, full: bool = False, repetitions: int | None = None) -> list[Task]:
-        """Every (point, mechanism, eps, repetition) as a sweep task."""
-        reps = repetitions if repetitions is not None else self.repetitions(full)
+    def tasks(self, scale: str = "default", repetitions: int | None = None) -> list[Task]:
+        """Every (point, mechanism, eps, repetition) at `scale` as a sweep task."""
+        scale = check_scale(scale)
+        reps = repetitions if repetitions is not None else self.repetitions(scale)
         data = self.data()
         tasks: list[Task] = []
-        for pt in self.points(full):
+        for pt in self.points(scale):
             coords = {"panel": pt.panel, "x": pt.x, **pt.sizes}
             for mech in self.mechanisms:
                 params = tuple(sorted(pt.params.get(mech, {}).items()))
-                for eps in self.epsilon(full):
+                for eps in self.epsilon(scale):
                     for rep in range(reps):
                         tasks.append(
                             Task(
@@ -362,7 +377,7 @@ def table2_points(rows: Sequence[str] | None = None) -> Callable[[bool], list[Po
     unknown = [r for r in names if r not in TABLE2_ROWS]
     if unknown:
         raise ValueError(f"unknown Table 2 rows {unknown}; expected some of {list(TABLE2_ROWS)}")
-    return lambda full: [Point(panel=r, x=i, workload=TABLE2_ROWS[r]["spec"]) for i, r in enumerate(names)]
+    return lambda scale: [Point(panel=r, x=i, workload=TABLE2_ROWS[r]["spec"]) for i, r in enumerate(names)]
 
 
 def table2_summary(df: pd.DataFrame) -> pd.DataFrame:
@@ -441,13 +456,13 @@ def make_table2(rows: Sequence[str] | None = None) -> Experiment:
         source="seed 004, Table 2",
         points=table2_points(rows),
         mechanisms=TABLE2_STRATEGIES,
-        epsilon=lambda full: [1.0],
+        epsilon=lambda scale: [1.0],
         delta=1e-6,  # the ratios do not depend on (eps, delta); P cancels
         metric="ratio_to_bound",
         summarise=table2_summary,
         compare=table2_compare,
         plot=table2_plot,
-        note="The paper's scale is already small: --full changes nothing. SVDB_U is not recomputed.",
+        note="The paper's scale is already small: every scale runs the same rows. SVDB_U is not recomputed.",
     )
 
 
@@ -463,6 +478,7 @@ LRM_S_FRACTIONS = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]
 # is our reading (the extraction lost the bold mark on s).
 LRM_DEFAULT = {"gamma": 0.01, "n": 1024, "m": 256, "s_fraction": 0.2}
 LRM_QUICK = {"n": 256, "m": 64}
+LRM_SMALL = {"n": 16, "m": 8}
 LRM_FAMILIES = {
     "WDiscrete": "wdiscrete:{m}x{n}",
     "WRange": "wrange:{m}x{n}",
@@ -486,8 +502,8 @@ def _s_for(m: int, n: int, frac: float = LRM_DEFAULT["s_fraction"]) -> int:
     return max(1, int(round(frac * min(m, n))))
 
 
-def _lrm_sizes(full: bool) -> tuple[int, int]:
-    d = LRM_DEFAULT if full else LRM_QUICK
+def _lrm_sizes(scale: str) -> tuple[int, int]:
+    d = {"small": LRM_SMALL, "default": LRM_QUICK, "full": LRM_DEFAULT}[scale]
     return int(d["m"]), int(d["n"])
 
 
@@ -508,15 +524,15 @@ def _numerical_rank(template: str, sizes: Mapping[str, Any]) -> int:
     return int(np.count_nonzero(sv > 1e-10 * sv[0]))
 
 
-def lrm_fig2_points(full: bool) -> list[Point]:
-    m, n = _lrm_sizes(full)
-    gammas = LRM_GAMMAS if full else [1e-4, 1e-2, 1.0, 10.0]
+def lrm_fig2_points(scale: str) -> list[Point]:
+    m, n = _lrm_sizes(scale)
+    gammas = _pick(scale, [1e-2, 1.0], [1e-4, 1e-2, 1.0, 10.0], LRM_GAMMAS)
     return [_family_point(f, g, m, n, params={"lrm": {"gamma": g}}) for f in LRM_FAMILIES for g in gammas]
 
 
-def lrm_fig3_points(full: bool) -> list[Point]:
-    m, n = _lrm_sizes(full)
-    ratios = LRM_R_RATIOS if full else [0.8, 1.0, 1.2, 2.1]
+def lrm_fig3_points(scale: str) -> list[Point]:
+    m, n = _lrm_sizes(scale)
+    ratios = _pick(scale, [0.8, 1.2], [0.8, 1.0, 1.2, 2.1], LRM_R_RATIOS)
     pts = []
     for f in LRM_FAMILIES:
         base = _family_point(f, 0, m, n)
@@ -532,35 +548,35 @@ def _lrm_gamma() -> dict[str, dict[str, Any]]:
 
 
 def lrm_vary_n(family: str) -> Callable[[bool], list[Point]]:
-    def points(full: bool) -> list[Point]:
-        m, _ = _lrm_sizes(full)
-        ns = LRM_NS if full else [64, 128, 256, 512]
+    def points(scale: str) -> list[Point]:
+        m, _ = _lrm_sizes(scale)
+        ns = _pick(scale, [8, 16, 32], [64, 128, 256, 512], LRM_NS)
         return [_family_point(family, n, m, n, params=_lrm_gamma()) for n in ns]
 
     return points
 
 
 def lrm_vary_m(family: str) -> Callable[[bool], list[Point]]:
-    def points(full: bool) -> list[Point]:
-        _, n = _lrm_sizes(full)
-        ms = LRM_MS if full else [16, 32, 64, 128, 256]
+    def points(scale: str) -> list[Point]:
+        _, n = _lrm_sizes(scale)
+        ms = _pick(scale, [4, 8, 16], [16, 32, 64, 128, 256], LRM_MS)
         return [_family_point(family, m, m, n, params=_lrm_gamma()) for m in ms]
 
     return points
 
 
-def lrm_fig9_points(full: bool) -> list[Point]:
-    m, n = _lrm_sizes(full)
-    fracs = LRM_S_FRACTIONS if full else [0.1, 0.3, 0.5, 1.0]
+def lrm_fig9_points(scale: str) -> list[Point]:
+    m, n = _lrm_sizes(scale)
+    fracs = _pick(scale, [0.1, 0.5, 1.0], [0.1, 0.3, 0.5, 1.0], LRM_S_FRACTIONS)
     return [_family_point("WRelated", f, m, n, s_frac=f, params=_lrm_gamma()) for f in fracs]
 
 
-def _lrm_eps(full: bool) -> list[float]:
-    return [1.0, 0.1, 0.01] if full else [0.1]
+def _lrm_eps(scale: str) -> list[float]:
+    return [1.0, 0.1, 0.01] if scale == "full" else [0.1]
 
 
-def _lrm_reps(full: bool) -> int:
-    return 20 if full else 1
+def _lrm_reps(scale: str) -> int:
+    return 20 if scale == "full" else 1
 
 
 def _small_x(t: pd.DataFrame, k: int = 2) -> pd.Series:
@@ -675,6 +691,7 @@ OM_MS = [50, 100, 150, 200, 250, 300]
 OM_NS = [500, 1000, 1500, 2000, 2500]
 OM_DEFAULT = {"m": 200, "n": 1000}
 OM_QUICK = {"m": 40, "n": 200}
+OM_SMALL = {"m": 8, "n": 24}
 OM_MECHANISMS = ("om", "laplace", "mm-appendix-b", "lrm")
 
 
@@ -682,25 +699,29 @@ def _om_point(tau: float, x: float, m: int, n: int) -> Point:
     return Point(panel=f"W_{tau:g}", x=x, workload="wtau:{m}x{n}:tau={tau}", sizes={"m": m, "n": n, "tau": tau})
 
 
-def om_eps_points(full: bool) -> list[Point]:
-    d = OM_DEFAULT if full else OM_QUICK
+def _om_sizes(scale: str) -> dict[str, int]:
+    return {"small": OM_SMALL, "default": OM_QUICK, "full": OM_DEFAULT}[scale]
+
+
+def om_eps_points(scale: str) -> list[Point]:
+    d = _om_sizes(scale)
     return [_om_point(t, 0, d["m"], d["n"]) for t in OM_TAUS]
 
 
-def om_vary_m(full: bool) -> list[Point]:
-    n = (OM_DEFAULT if full else OM_QUICK)["n"]
-    ms = OM_MS if full else [10, 20, 40, 60]
+def om_vary_m(scale: str) -> list[Point]:
+    n = _om_sizes(scale)["n"]
+    ms = _pick(scale, [4, 8, 12], [10, 20, 40, 60], OM_MS)
     return [_om_point(t, m, m, n) for t in OM_TAUS for m in ms]
 
 
-def om_vary_n(full: bool) -> list[Point]:
-    m = (OM_DEFAULT if full else OM_QUICK)["m"]
-    ns = OM_NS if full else [100, 200, 300, 400]
+def om_vary_n(scale: str) -> list[Point]:
+    m = _om_sizes(scale)["m"]
+    ns = _pick(scale, [12, 24, 36], [100, 200, 300, 400], OM_NS)
     return [_om_point(t, n, m, n) for t in OM_TAUS for n in ns]
 
 
-def _om_reps(full: bool) -> int:
-    return 20 if full else 1
+def _om_reps(scale: str) -> int:
+    return 20 if scale == "full" else 1
 
 
 def _eps_as_x(exp: Experiment) -> Experiment:
@@ -722,7 +743,7 @@ def _om_experiments() -> list[Experiment]:
     return [
         _eps_as_x(Experiment(
             name="om-fig1", title="Accuracy vs eps on W_tau", points=om_eps_points, mechanisms=OM_MECHANISMS,
-            epsilon=lambda full: OM_EPS if full else [0.2, 0.8, 1.6], xlabel="eps", **common,
+            epsilon=lambda scale: _pick(scale, [0.2, 1.6], [0.2, 0.8, 1.6], OM_EPS), xlabel="eps", **common,
             claims=[
                 Claim("OM has the smallest error for every tau and eps", best_everywhere("om")),
                 Claim("every mechanism's error falls as eps grows", lambda s: _all_monotone(s, False)),
@@ -731,7 +752,7 @@ def _om_experiments() -> list[Experiment]:
         )),
         Experiment(
             name="om-fig2", title="Accuracy vs m on W_tau", points=om_vary_m, mechanisms=OM_MECHANISMS,
-            epsilon=lambda full: [1.0], xlabel="m", **common,
+            epsilon=lambda scale: [1.0], xlabel="m", **common,
             claims=[
                 Claim("OM has the smallest error at every m", best_everywhere("om")),
                 Claim("errors grow with m (LM)", monotone("laplace", increasing=True)),
@@ -739,7 +760,7 @@ def _om_experiments() -> list[Experiment]:
         ),
         Experiment(
             name="om-fig3", title="Accuracy vs n on W_tau", points=om_vary_n, mechanisms=OM_MECHANISMS,
-            epsilon=lambda full: [1.0], xlabel="n", **common,
+            epsilon=lambda scale: [1.0], xlabel="n", **common,
             claims=[
                 Claim("OM has the smallest error at every n", best_everywhere("om")),
                 Claim("MM has the largest error", worst_everywhere("mm-appendix-b")),
@@ -747,13 +768,13 @@ def _om_experiments() -> list[Experiment]:
         ),
         Experiment(
             name="om-fig4", title="Execution time vs m on W_tau", points=om_vary_m,
-            mechanisms=("om", "mm-appendix-b", "lrm"), epsilon=lambda full: [1.0], xlabel="m",
+            mechanisms=("om", "mm-appendix-b", "lrm"), epsilon=lambda scale: [1.0], xlabel="m",
             metric="fit_seconds", ylabel="fit time (s)", **common,
             claims=[Claim("OM is the fastest at every m", best_everywhere("om"))],
         ),
         Experiment(
             name="om-fig5", title="Execution time vs n on W_tau", points=om_vary_n,
-            mechanisms=("om", "mm-appendix-b", "lrm"), epsilon=lambda full: [1.0], xlabel="n",
+            mechanisms=("om", "mm-appendix-b", "lrm"), epsilon=lambda scale: [1.0], xlabel="n",
             metric="fit_seconds", ylabel="fit time (s)", **common,
             claims=[
                 Claim("OM is faster than LRM at every n", best_everywhere("om")),
@@ -790,6 +811,7 @@ def reproduce(
     name: str | Experiment,
     full: bool = False,
     out: str | os.PathLike[str] | None = "reproduce",
+    scale: str | None = None,
     *,
     max_workers: int | None = None,
     scheduler: str | None = None,
@@ -801,12 +823,14 @@ def reproduce(
 ) -> Reproduction:
     """Run an experiment, write its CSVs and plot under `out` (None: write nothing), print the comparison.
 
+    scale: 'small', 'default' or 'full' (default: 'full' if full else 'default').
     The report goes to `stream` (default sys.stdout) unless report=False.
     """
     exp = name if isinstance(name, Experiment) else EXPERIMENTS.get(name)
     if exp is None:
         raise ValueError(f"unknown experiment {name!r}; expected one of {', '.join(EXPERIMENTS)}")
-    tasks = exp.tasks(full, repetitions)
+    scale = check_scale(scale or ("full" if full else "default"))
+    tasks = exp.tasks(scale, repetitions)
     df = run_sweep(tasks, max_workers=max_workers, scheduler=scheduler, cache=cache, progress=progress,
                    desc=exp.name)
     summary = exp.summarise(df) if exp.summarise else figure_summary(df, exp.metric)
@@ -834,14 +858,14 @@ def reproduce(
         else:
             plot_figure(exp, summary, files["png"])
     if report:
-        _report(exp, full, summary, diffs, agrees, unavailable, files, stream or sys.stdout)
+        _report(exp, scale, summary, diffs, agrees, unavailable, files, stream or sys.stdout)
     return Reproduction(exp.name, df, summary, diffs, agrees, files)
 
 
-def _report(exp: Experiment, full: bool, summary: pd.DataFrame, diffs: list[str], agrees: list[str],
+def _report(exp: Experiment, scale: str, summary: pd.DataFrame, diffs: list[str], agrees: list[str],
             unavailable: list[str], files: Mapping[str, Path], stream: TextIO) -> None:
     p = lambda *a: print(*a, file=stream)  # noqa: E731
-    p(f"== {exp.name}: {exp.title} ({exp.source}; {'paper scale' if full else 'default scale'})")
+    p(f"== {exp.name}: {exp.title} ({exp.source}; {'paper' if scale == 'full' else scale} scale)")
     if exp.note:
         p(exp.note)
     if exp.name == "li-miklau-table2":

@@ -108,9 +108,9 @@ def test_generic_figure_runs_baselines_and_checks_claims(tmp_path):
         name="toy",
         title="prefix",
         source="seed 003",
-        points=lambda full: [Point(panel="Prefix", x=n, workload="prefix:{n}", sizes={"n": n}) for n in (16, 64)],
+        points=lambda scale: [Point(panel="Prefix", x=n, workload="prefix:{n}", sizes={"n": n}) for n in (16, 64)],
         mechanisms=("identity", "hierarchical"),
-        epsilon=lambda full: [1.0],
+        epsilon=lambda scale: [1.0],
         delta=1e-6,
         claims=[Claim("hierarchical beats identity at n = 64",
                       rp.best_everywhere("hierarchical", where=lambda t: t.index.get_level_values("x") == 64))],
@@ -129,16 +129,20 @@ def test_every_registered_experiment_builds_its_tasks():
     assert {"li-miklau-table2", "om-fig1", "om-fig5"} <= set(EXPERIMENTS)
     assert {f"lrm-fig{i}" for i in range(2, 10)} <= set(EXPERIMENTS)
     for name, exp in EXPERIMENTS.items():
-        tasks = exp.tasks(full=False)
-        assert tasks, name
-        assert [t.index for t in tasks] == list(range(len(tasks)))
-    fig9 = EXPERIMENTS["lrm-fig9"].tasks(full=False)
+        for scale in ("small", "default"):
+            tasks = exp.tasks(scale)
+            assert tasks, name
+            assert [t.index for t in tasks] == list(range(len(tasks)))
+    assert len(EXPERIMENTS["om-fig2"].tasks("small")) < len(EXPERIMENTS["om-fig2"].tasks("default"))
+    with pytest.raises(ValueError, match="scale"):
+        EXPERIMENTS["om-fig2"].tasks("huge")
+    fig9 = EXPERIMENTS["lrm-fig9"].tasks("default")
     # s = round(fraction * min(m, n)) at the default scale m = 64, n = 256.
     assert sorted({dict(t.sizes)["s"] for t in fig9}) == [6, 19, 32, 64]
-    om1 = EXPERIMENTS["om-fig1"].tasks(full=True)
+    om1 = EXPERIMENTS["om-fig1"].tasks("full")
     assert sorted({t.epsilon for t in om1}) == rp.OM_EPS
     assert {t.repetition for t in om1} == set(range(20))
-    lrm3 = EXPERIMENTS["lrm-fig3"].tasks(full=False)
+    lrm3 = EXPERIMENTS["lrm-fig3"].tasks("default")
     ranks = {dict(t.sizes)["x"]: dict(t.params)["rank"] for t in lrm3 if dict(t.sizes)["panel"] == "WRelated"}
     # WRelated(64 x 256, s = 13) has rank 13: r = ceil(ratio * 13).
     assert ranks == {0.8: math.ceil(0.8 * 13), 1.0: 13, 1.2: math.ceil(1.2 * 13), 2.1: math.ceil(2.1 * 13)}
