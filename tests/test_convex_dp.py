@@ -274,6 +274,21 @@ def test_starting_points_and_limits() -> None:
     assert seen and seen[-1] <= 1e-8
 
 
+@pytest.mark.parametrize("scale", [1e-150, 1e150])
+def test_scale_invariance(scale: float) -> None:
+    """Values scale with G, X does not; no overflow or underflow at extreme scales."""
+    G = prefix_gram(16)
+    ref = solve_convex_dp(G)
+    res = solve_convex_dp(scale * G)
+    assert res.success
+    np.testing.assert_allclose(res.fun / scale, ref.fun, rtol=1e-9)
+    np.testing.assert_allclose(res.dual_bound / scale, ref.dual_bound, rtol=1e-9)
+    np.testing.assert_allclose(res.x, ref.x, atol=1e-8)
+    np.testing.assert_allclose(res.extra["d"] / scale, ref.extra["d"], rtol=1e-6)
+    np.testing.assert_allclose(convex_dp_dual_bound(scale * G, np.ones(16)) / scale, svdb(G), rtol=1e-10)
+    np.testing.assert_allclose(convex_dp_objective(scale * G, np.eye(16)) / scale, np.trace(G), rtol=1e-12)
+
+
 @pytest.mark.parametrize(
     "bad, match",
     [

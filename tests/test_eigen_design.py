@@ -97,6 +97,16 @@ def test_variable_agnostic_meets_svd_bound() -> None:
     np.testing.assert_allclose(res.fun, svdb(G), rtol=1e-8)
 
 
+def test_scale_invariance() -> None:
+    G = allrange_gram(16)
+    ref = solve_eigen_design(G)
+    for scale in (1e-150, 1e150):
+        res = solve_eigen_design(scale * G)
+        np.testing.assert_allclose(res.fun / scale, ref.fun, rtol=1e-9)
+        np.testing.assert_allclose(res.x, ref.x, rtol=1e-7)
+        np.testing.assert_allclose(res.extra["completed_fun"] / scale, ref.extra["completed_fun"], rtol=1e-9)
+
+
 def test_dual_bound_at_ones_is_svd_bound() -> None:
     G = width_gram(20, 5)
     np.testing.assert_allclose(eigen_design_dual_bound(G, np.ones(20)), svdb(G), rtol=1e-7)

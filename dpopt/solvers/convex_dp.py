@@ -38,6 +38,9 @@ from dpopt.solvers.convex_dp_core import (
     dual_bound_from_factor,
     objective_from_factor,
     range_factor,
+    undo_unit_scale,
+    unit_scale,
+    unscaled_callback,
 )
 from dpopt.solvers.convex_dp_dual import solve_dual
 from dpopt.solvers.convex_dp_primal import solve_primal, svdb_start
@@ -48,8 +51,9 @@ __all__ = ["solve_convex_dp", "convex_dp_dual_bound", "convex_dp_objective", "sv
 _METHODS = ("dual", "primal")
 
 
-def _check_start(x0: np.ndarray, G: np.ndarray, V_full: np.ndarray, method: str) -> np.ndarray:
-    """Turn x0 into the start the method needs: multipliers d0 (dual) or a unit-diagonal X0 (primal)."""
+def _check_start(x0: np.ndarray, G: np.ndarray, V_full: np.ndarray, method: str, c: float) -> np.ndarray:
+    """Turn x0 into the start the method needs: multipliers d0 for G = G_input / c (dual) or a
+    unit-diagonal X0 (primal)."""
     n = G.shape[0]
     x0 = np.asarray(x0, dtype=float)
     if not np.isfinite(x0).all():
@@ -57,7 +61,7 @@ def _check_start(x0: np.ndarray, G: np.ndarray, V_full: np.ndarray, method: str)
     if method == "dual" and x0.shape == (n,):
         if (x0 <= 0).any():
             raise ValueError("x0 given as multipliers d0 must be > 0 in every cell")
-        return x0
+        return x0 / c
     if x0.shape != (n, n):
         expected = f"({n}, {n}) matrix X0" + (f" or ({n},) multipliers d0" if method == "dual" else "")
         raise ValueError(f"x0 must be an {expected}; got shape {x0.shape}")
@@ -147,9 +151,10 @@ def solve_convex_dp(
         raise ValueError(f"forcing must lie in (0, 1); got {forcing!r}")
     if time_limit is not None and not time_limit > 0:
         raise ValueError(f"time_limit must be positive seconds or None; got {time_limit!r}")
-    G = check_gram(G)
+    G, c = unit_scale(check_gram(G))
     V, V_full, _ = range_factor(G, rank_tol=rank_tol)
-    start = None if x0 is None else _check_start(x0, G, V_full, method)
+    start = None if x0 is None else _check_start(x0, G, V_full, method, c)
+    callback = unscaled_callback(callback, c)
     if method == "dual":
         if not (np.isfinite(damping) and damping >= 0):
             raise ValueError(f"damping must be a finite number >= 0; got {damping!r}")
@@ -158,16 +163,18 @@ def solve_convex_dp(
         if max_iter < 0 or max_cg < 1:
             raise ValueError(f"max_iter must be >= 0 and max_cg >= 1; got {max_iter}, {max_cg}")
         d0 = svdb_multipliers(V) if start is None else start
-        return solve_dual(V, tol=tol, max_iter=max_iter, forcing=forcing, max_cg=max_cg,
-                          d0=d0, active_tol=active_tol, damping=damping, callback=callback, time_limit=time_limit)
+        res = solve_dual(V, tol=tol, max_iter=max_iter, forcing=forcing, max_cg=max_cg, d0=d0,
+                         active_tol=active_tol, damping=damping, callback=callback, time_limit=time_limit)
+        return undo_unit_scale(res, c)
     max_iter = 300 if max_iter is None else int(max_iter)
     max_cg = 100 if max_cg is None else int(max_cg)
     if max_iter < 0 or max_cg < 1:
         raise ValueError(f"max_iter must be >= 0 and max_cg >= 1; got {max_iter}, {max_cg}")
     if not (np.isfinite(theta) and theta > 0):
         raise ValueError(f"theta must be a positive finite number; got {theta!r}")
-    return solve_primal(G, V, V_full, tol=tol, max_iter=max_iter, forcing=forcing, max_cg=max_cg,
-                        X0=start, theta=theta, callback=callback, time_limit=time_limit)
+    res = solve_primal(G, V, V_full, tol=tol, max_iter=max_iter, forcing=forcing, max_cg=max_cg,
+                       X0=start, theta=theta, callback=callback, time_limit=time_limit)
+    return undo_unit_scale(res, c)
 
 
 def convex_dp_dual_bound(
@@ -179,15 +186,15 @@ def convex_dp_dual_bound(
     bound on the ray t * d), or g(d) = 2 ||W D^{1/2}||_* - sum(d) (scaled=False). Either is <= trace(G X^{-1})
     for every positive definite X with diag(X) <= 1. d = 1 gives the SVD bound.
     """
-    G = check_gram(G)
+    G, c = unit_scale(check_gram(G))
     d = check_multipliers(d, G.shape[0])
     V, _, _ = range_factor(G, rank_tol=rank_tol)
-    return dual_bound_from_factor(V, d, scaled=scaled)
+    return dual_bound_from_factor(V, d, scaled=scaled, scale=c)
 
 
 def convex_dp_objective(G: np.ndarray, X: np.ndarray) -> float:
     """trace(G X^{-1}) for positive definite X (n, n) by a Cholesky solve (seed 002's objective)."""
-    G = check_gram(G)
+    G, c = unit_scale(check_gram(G))
     X = np.asarray(X, dtype=float)
     if X.shape != G.shape:
         raise ValueError(f"X must have the shape of G {G.shape}; got {X.shape}")
@@ -195,6 +202,6 @@ def convex_dp_objective(G: np.ndarray, X: np.ndarray) -> float:
         raise ValueError("X must contain only finite values (found NaN or inf)")
     _, V_full, _ = range_factor(G, rank_tol=0.0)
     try:
-        return objective_from_factor(V_full, (X + X.T) / 2.0)
+        return c * objective_from_factor(V_full, (X + X.T) / 2.0)
     except np.linalg.LinAlgError:
         raise ValueError("X must be positive definite (its Cholesky factorisation failed)") from None

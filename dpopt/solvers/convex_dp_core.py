@@ -28,10 +28,13 @@ f(X(d)) = phi(d) exactly (proof: X(d)^+ = V^+ (V D V^T)^{1/2} (V^T)^+ for V of f
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 import scipy.linalg as sla
 
-from dpopt.solvers.result import CONVERGED, STALLED
+from dpopt.solvers.result import CONVERGED, STALLED, SolverResult
 
 #: Eigenvalues of G below RANK_TOL * max eigenvalue are treated as zero (G singular).
 RANK_TOL = 1e-12
@@ -109,16 +112,18 @@ def scaled_nuclear_norm(V: np.ndarray, d: np.ndarray) -> float:
     return float(sla.svdvals(V * np.sqrt(d), check_finite=False).sum())
 
 
-def dual_bound_from_factor(V: np.ndarray, d: np.ndarray, *, scaled: bool = True) -> float:
+def dual_bound_from_factor(V: np.ndarray, d: np.ndarray, *, scaled: bool = True, scale: float = 1.0) -> float:
     """Lagrangian dual of the seed 002 problem at multipliers d (derivation in this module's docstring).
 
-    V (k, n) with V^T V = G; d (n,) >= 0. Returns phi^2 / sum(d) if scaled (the best bound on the ray
-    t * d), else g(d) = 2 phi - sum(d). Both are lower bounds on min trace(G X^{-1}) s.t. diag(X) <= 1.
+    V (k, n) with V^T V = G / scale; d (n,) >= 0. Returns phi^2 / sum(d) if scaled (the best bound on the
+    ray t * d), else g(d) = 2 phi - sum(d), phi = ||G^{1/2} D^{1/2}||_*. Both are lower bounds on
+    min trace(G X^{-1}) s.t. diag(X) <= 1. d is normalised by its largest entry first (no overflow).
     """
-    phi = scaled_nuclear_norm(V, d)
+    d_max = float(d.max())
+    phi = scaled_nuclear_norm(V, d / d_max)  # = ||(G / scale)^{1/2} (D / d_max)^{1/2}||_*
     if scaled:
-        return phi * phi / float(d.sum())
-    return 2.0 * phi - float(d.sum())
+        return scale * phi * phi / float((d / d_max).sum())
+    return 2.0 * np.sqrt(scale * d_max) * phi - float(d.sum())
 
 
 def objective_from_factor(V: np.ndarray, X: np.ndarray) -> float:
@@ -139,3 +144,45 @@ def certified_status(status: str, message: str, gap: float, tol: float) -> tuple
     if gap > tol and status == CONVERGED:
         return STALLED, f"estimated gap met tol but the recomputed certificate gives {gap:.2e} > tol {tol:.1e}"
     return status, message
+
+
+def unit_scale(G: np.ndarray) -> tuple[np.ndarray, float]:
+    """(G / c, c) with c = max|G|: solvers work on a unit-scale G (no overflow at 1e200, no underflow)."""
+    c = float(np.max(np.abs(G)))
+    return G / c, c
+
+
+def undo_unit_scale(res: SolverResult, c: float) -> SolverResult:
+    """Map a result for G / c back to G: values and multipliers scale by c, X and weights do not."""
+    res.fun *= c
+    if res.dual_bound is not None:
+        res.dual_bound *= c
+    extra = res.extra
+    for key in ("d", "y", "eigenvalues"):
+        if extra.get(key) is not None:
+            extra[key] = extra[key] * c
+    for key in ("regularised_fun", "completed_fun"):
+        if key in extra:
+            extra[key] *= c
+    if "regularisation" in extra:
+        extra["regularisation"]["added"] *= c
+    for record in extra.get("history", []):
+        for key in ("primal", "dual", "fun"):
+            if key in record:
+                record[key] *= c
+    return res
+
+
+def unscaled_callback(callback: Callable[[dict[str, Any]], bool | None] | None, c: float):
+    """Wrap a user callback so it sees values for G, not G / c."""
+    if callback is None:
+        return None
+
+    def wrapped(info: dict[str, Any]) -> bool | None:
+        info = dict(info)
+        for key in ("fun", "dual_bound", "d"):
+            if key in info:
+                info[key] = info[key] * c
+        return callback(info)
+
+    return wrapped

@@ -36,6 +36,9 @@ from dpopt.solvers.convex_dp_core import (
     certified_status,
     check_gram,
     objective_from_factor,
+    undo_unit_scale,
+    unit_scale,
+    unscaled_callback,
 )
 from dpopt.solvers.diag_dual_newton import DualPoint, PrimalPoint, maximise_dual, pcg
 from dpopt.solvers.result import SolverResult, relative_gap
@@ -115,14 +118,14 @@ def eigen_design_dual_bound(G: np.ndarray, y: np.ndarray, *, rank_tol: float = R
 
     psi(y) = sum_i sqrt(lambda_i (M^T y)_i), M = P o P (module docstring). y = 1 gives the SVD bound.
     """
-    G = check_gram(G)
+    G, c = unit_scale(check_gram(G))
     y = np.asarray(y, dtype=float)
     if y.shape != (G.shape[0],) or not np.isfinite(y).all() or (y < 0).any() or not (y > 0).any():
         raise ValueError(f"y must be a finite ({G.shape[0]},) vector >= 0, not all zero")
     lam, P, keep = _eigen_factor(G, rank_tol)
-    c = (P[:, keep] ** 2).T @ y
-    psi = float(np.sqrt(lam[keep] * c).sum())
-    return psi * psi / float(y.sum())
+    y = y / y.max()
+    psi = float(np.sqrt(lam[keep] * ((P[:, keep] ** 2).T @ y)).sum())
+    return c * psi * psi / float(y.sum())
 
 
 def solve_eigen_design(
@@ -170,12 +173,12 @@ def solve_eigen_design(
         raise ValueError(f"max_iter must be >= 0 and max_cg >= 1; got {max_iter}, {max_cg}")
     if not (np.isfinite(damping) and damping >= 0):
         raise ValueError(f"damping must be a finite number >= 0; got {damping!r}")
-    G = check_gram(G)
+    G, c = unit_scale(check_gram(G))
     n = G.shape[0]
     lam, P, keep = _eigen_factor(G, rank_tol)
     problem = EigenDesignDual(lam[keep], P[:, keep] ** 2)
     out = maximise_dual(problem, np.ones(n), tol=tol, max_iter=max_iter, forcing=forcing, max_cg=max_cg,
-                        active_tol=active_tol, damping=damping, callback=callback, time_limit=time_limit, t_start=t_wall)
+                        active_tol=active_tol, damping=damping, callback=unscaled_callback(callback, c), time_limit=time_limit, t_start=t_wall)
     u = np.zeros(n)
     u[keep] = out.primal.x
     fun = float(np.sum(lam[keep] / out.primal.x))
@@ -184,7 +187,7 @@ def solve_eigen_design(
     status, message = certified_status(out.status, out.message, gap, tol)
     A = np.sqrt(u[keep])[:, None] * P[:, keep].T
     completion, completed_fun = complete_strategy(A, np.sqrt(lam[keep])[:, None] * P[:, keep].T)
-    return SolverResult(
+    res = SolverResult(
         x=u,
         fun=fun,
         status=status,
@@ -206,3 +209,4 @@ def solve_eigen_design(
             "history": out.history,
         },
     )
+    return undo_unit_scale(res, c)
