@@ -43,7 +43,10 @@ class HDMMMechanism(Mechanism):
         self.options = options
 
     def _select(self, workload: Workload, privacy: Privacy) -> Selection:
+        """The dense form of the selected strategy (small domains; `fit` never needs it)."""
         sel = select_strategy(workload, privacy, **self.options)
+        if isinstance(sel.strategy, UnionKronStrategy):
+            raise MechanismError(f"{self.short_name}: a union of Kronecker parts has no single dense A here")
         return Selection(strategy=sel.strategy.to_dense(), solver=sel.solver, status=sel.status)
 
     def fit(self, workload: Workload | np.ndarray, privacy: Privacy) -> HDMMMechanism:
