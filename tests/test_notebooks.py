@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -37,13 +38,33 @@ def test_committed_copy_matches_generator(name):
     assert sum(c.cell_type == "markdown" for c in built.cells) >= 3
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_notebook_runs_at_small_size(name, monkeypatch):
-    monkeypatch.setenv("DPOPT_NB_SCALE", "small")
+def _execute_small(name: str):
     nb = BUILD.build(name)
     client = nbclient.NotebookClient(nb, kernel_name="python3", timeout=300,
                                      resources={"metadata": {"path": str(NB_DIR)}})
-    client.execute()
+    try:
+        client.execute()
+    except Exception as exc:  # noqa: BLE001 - reported by the test of this notebook
+        return nb, exc
+    return nb, None
+
+
+@pytest.fixture(scope="module")
+def small_runs():
+    """Execute every notebook at small size, two kernels at a time (the machine has two cores)."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("DPOPT_NB_SCALE", "small")
+    try:
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            return dict(zip(NAMES, pool.map(_execute_small, NAMES), strict=True))
+    finally:
+        mp.undo()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_notebook_runs_at_small_size(name, small_runs):
+    nb, exc = small_runs[name]
+    assert exc is None, f"{name} failed at small size: {exc}"
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
     assert not [o for o in outputs if o.get("output_type") == "error"]
     assert any("scale: small" in o.get("text", "") for o in outputs)
