@@ -1,0 +1,187 @@
+"""Tests for seed 000 Appendix B: smoothed max-diagonal matrix-mechanism solver with SPG."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from dpopt.solvers.appendix_b import (
+    objective_parts,
+    project_trace_floor,
+    smooth_max,
+    solve_appendix_b,
+    unsmoothed,
+)
+from dpopt.solvers.result import CONVERGED, MAX_ITER
+
+cp = pytest.importorskip("cvxpy")
+
+
+def prefix(n: int) -> np.ndarray:
+    return np.tril(np.ones((n, n)))
+
+
+def all_range(n: int) -> np.ndarray:
+    rows = []
+    for a in range(n):
+        for b in range(a, n):
+            row = np.zeros(n)
+            row[a : b + 1] = 1.0
+            rows.append(row)
+    return np.array(rows)
+
+
+def sdp_optimum(G: np.ndarray) -> float:
+    """min tr(Y) s.t. [[X, V^T], [V, Y]] PSD, diag(X) <= 1, V^T V = G (seed 002's SDP), Clarabel."""
+    n = G.shape[0]
+    lam, U = np.linalg.eigh(G)
+    V = (U * np.sqrt(np.maximum(lam, 0.0))).T
+    X = cp.Variable((n, n), symmetric=True)
+    Y = cp.Variable((n, n), symmetric=True)
+    prob = cp.Problem(cp.Minimize(cp.trace(Y)), [cp.bmat([[X, V.T], [V, Y]]) >> 0, cp.diag(X) <= 1])
+    prob.solve(solver=cp.CLARABEL)
+    return float(prob.value)
+
+
+def test_smooth_max_bounds_gradient_and_stability():
+    rng = np.random.default_rng(0)
+    v = rng.normal(size=7)
+    mu = 0.3
+    f, g = smooth_max(v, mu)
+    assert v.max() <= f <= v.max() + mu * math.log(7) + 1e-15
+    naive = mu * math.log(np.exp(v / mu).sum())  # Eq. (14) as written
+    assert f == pytest.approx(naive, rel=1e-13)
+    h = 1e-6
+    fd = np.array([(smooth_max(v + h * e, mu)[0] - smooth_max(v - h * e, mu)[0]) / (2 * h)
+                   for e in np.eye(7)])
+    np.testing.assert_allclose(g, fd, atol=1e-8)
+    assert g.sum() == pytest.approx(1.0)
+    # Large entries and tiny mu: the stable form neither overflows nor loses the max.
+    f, g = smooth_max(np.array([1e6, 1e6 - 1.0, 3.0]), 1e-4)
+    assert f == pytest.approx(1e6, rel=1e-15) and np.isfinite(g).all()
+
+
+def test_trace_floor_projection_against_cvxpy():
+    rng = np.random.default_rng(1)
+    n = 5
+    X = rng.normal(size=(n, n)) * 2.0
+    floor = 0.05
+    P = project_trace_floor(X, float(n), floor)
+    assert np.trace(P) == pytest.approx(n)
+    assert np.linalg.eigvalsh(P).min() >= floor - 1e-12
+    Z = cp.Variable((n, n), symmetric=True)
+    prob = cp.Problem(
+        cp.Minimize(cp.sum_squares(Z - 0.5 * (X + X.T))),
+        [cp.trace(Z) == n, Z - floor * np.eye(n) >> 0],
+    )
+    prob.solve(solver=cp.CLARABEL)
+    np.testing.assert_allclose(P, Z.value, atol=1e-5)
+    np.testing.assert_allclose(project_trace_floor(P, float(n), floor), P, atol=1e-12)
+
+
+def test_trace_term_gradient_matches_finite_differences():
+    rng = np.random.default_rng(2)
+    n = 4
+    W = rng.normal(size=(6, n))
+    G = W.T @ W
+    A = rng.normal(size=(n, n))
+    M = A.T @ A + np.eye(n)
+    t, grad, d = objective_parts(M, G)
+    assert t == pytest.approx(np.trace(G @ np.linalg.inv(M)), rel=1e-12)
+    np.testing.assert_array_equal(d, np.diag(M))
+    E = rng.normal(size=(n, n))
+    E = E + E.T
+    h = 1e-6
+    fd = (objective_parts(M + h * E, G)[0] - objective_parts(M - h * E, G)[0]) / (2 * h)
+    assert np.vdot(grad, E) == pytest.approx(fd, rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    "name, W",
+    [
+        ("prefix8", prefix(8)),
+        ("random12x10", np.random.default_rng(0).normal(size=(12, 10))),
+        ("allrange16", all_range(16)),
+    ],
+)
+def test_matches_sdp_within_1e_3(name, W):
+    G = W.T @ W
+    opt = sdp_optimum(G)
+    res = solve_appendix_b(G)
+    assert res.status == CONVERGED, res.message
+    # Any positive definite M gives a feasible strategy, so F(M) can never beat the optimum.
+    assert res.fun >= opt * (1 - 1e-6)
+    # Smoothing with mu = 1e-3 / log n leaves a bias of about mu (we reach 1e-4 to 3.5e-4).
+    assert (res.fun - opt) / opt <= 1e-3
+
+
+def test_returned_strategy_reproduces_fun():
+    W = prefix(8)
+    G = W.T @ W
+    res = solve_appendix_b(G)
+    A = res.x
+    sens2_sq = float(np.max(np.sum(A * A, axis=0)))
+    assert sens2_sq == pytest.approx(1.0)
+    B = W @ np.linalg.pinv(A)
+    np.testing.assert_allclose(B @ A, W, atol=1e-8)
+    # (eps, delta) matrix-mechanism error factor: sens2(A)^2 ||W A^+||_F^2.
+    assert sens2_sq * float(np.sum(B * B)) == pytest.approx(res.fun, rel=1e-8)
+    M = res.extra["M"]
+    assert np.diag(M).max() == pytest.approx(1.0)
+    assert unsmoothed(M, G) == pytest.approx(res.fun, rel=1e-10)
+    # f_mu >= max, and F is scale-invariant, so the smoothed value bounds fun from above.
+    assert res.extra["fun_smoothed"] >= res.fun * (1 - 1e-12)
+
+
+def test_identity_workload_keeps_identity():
+    # W = I: min tr(X^{-1}) s.t. diag X <= 1 is attained at X = I with value n.
+    res = solve_appendix_b(np.eye(6))
+    assert res.status == CONVERGED
+    assert res.fun == pytest.approx(6.0, rel=1e-9)
+
+
+def test_singular_gram_is_never_below_optimum():
+    W = np.random.default_rng(3).normal(size=(3, 8))  # rank 3 < n = 8: optimum on the boundary
+    G = W.T @ W
+    opt = sdp_optimum(G)
+    res = solve_appendix_b(G, max_iter=3000)
+    assert res.fun >= opt * (1 - 1e-6)
+    assert (res.fun - opt) / opt <= 1e-2
+
+
+def test_iteration_cap_is_not_convergence():
+    res = solve_appendix_b(prefix(8).T @ prefix(8), max_iter=3)
+    assert res.status == MAX_ITER and not res.success and res.nit == 3
+
+
+def test_x0_and_callback():
+    W = prefix(6)
+    G = W.T @ W
+    seen = []
+    lam, U = np.linalg.eigh(G)
+    M0 = (U * np.sqrt(lam)) @ U.T  # eigen-design-like start G^{1/2}
+    res = solve_appendix_b(G, x0=M0, callback=lambda info: seen.append(info["k"]))
+    assert res.status == CONVERGED
+    assert len(seen) == res.nit
+    assert res.fun <= unsmoothed(M0, G)
+
+
+@pytest.mark.parametrize(
+    "G, kwargs, match",
+    [
+        (np.ones((2, 3)), {}, "square"),
+        (np.array([[1.0, 2.0], [0.0, 1.0]]), {}, "symmetric"),
+        (np.array([[1.0, 2.0], [2.0, 1.0]]), {}, "semidefinite"),
+        (np.array([[np.nan, 0.0], [0.0, 1.0]]), {}, "finite"),
+        (np.zeros((3, 3)), {}, "non-zero"),
+        (np.eye(3), {"mu": 0.0}, "mu"),
+        (np.eye(3), {"max_iter": 0}, "max_iter"),
+        (np.eye(3), {"x0": np.eye(2)}, "x0"),
+        (np.eye(3), {"x0": -np.eye(3)}, "positive definite"),
+    ],
+)
+def test_invalid_input(G, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        solve_appendix_b(G, **kwargs)
