@@ -116,8 +116,9 @@ def test_local_processes_and_dask_give_identical_frames():
     assert len(tasks) >= 100
     local = run_sweep(tasks, max_workers=2, progress=False)
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                  dashboard_address=None) as cluster, distributed.Client(cluster) as client:
-        remote = run_sweep(list(reversed(tasks)), client=client, progress=False)
+                                  dashboard_address=None) as cluster:
+        # By address, as `dpopt sweep --scheduler` does (the sweep opens and closes its own client).
+        remote = run_sweep(list(reversed(tasks)), scheduler=cluster.scheduler_address, progress=False)
     assert len(local) == 120 and local["status"].eq("optimal").all()
     pd.testing.assert_frame_equal(comparable(local), comparable(remote))
     assert list(local["index"]) == list(range(120))
