@@ -391,11 +391,12 @@ def table2_summary(df: pd.DataFrame) -> pd.DataFrame:
                                "svdb_log10": log10_svdb, "paper_svdb": "{}e{}".format(*paper.get("printed_svdb", paper["svdb"]))}
         for s in TABLE2_STRATEGIES:
             r = g[g["mechanism"] == s]
-            ok = r["status"].astype(str).str.match(r"^(optimal|converged)").any() if len(r) else False
+            ok = bool(len(r)) and bool(usable(r["status"]).iloc[0])
             row[s] = float(r["ratio_to_bound"].iloc[0]) if ok else math.nan
             row[f"paper_{s}"] = paper[s]
-            if not ok and len(r):
-                row[f"{s}_status"] = str(r["status"].iloc[0])[:120]
+            status = str(r["status"].iloc[0]) if len(r) else "not run"
+            if not status.startswith(("optimal", "converged", "closed")):
+                row[f"{s}_status"] = status[:120]
         out.append(row)
     return pd.DataFrame(out)
 
@@ -418,6 +419,10 @@ def table2_compare(summary: pd.DataFrame) -> list[tuple[bool, str]]:
             half_ulp = 0.5 * 10 ** (math.floor(math.log10(paper_v)) - 3)
             ok = abs(_sig(ours_v) - paper_v) <= half_ulp + 1e-12
             why = TABLE2_KNOWN.get((w, s), "")
+            status = row.get(f"{s}_status")
+            if isinstance(status, str):
+                why = f"{why}; " if why else ""
+                why += f"solver status: {status}"
             cells.append((ok, f"{w} {s}: ours {ours_v:.4f}, paper {paper_v}" + (f" ({why})" if why and not ok else "")))
     return cells
 
