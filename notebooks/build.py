@@ -222,7 +222,9 @@ RUNNER = """\
 from dpopt.reproduce import EXPERIMENTS, reproduce
 
 OUT = Path(tempfile.mkdtemp(prefix="dpopt-nb-"))
-CACHE = OUT / "cache"  # figures that share tasks (same workload, mechanism, eps) compute them once
+# Figures that share tasks (same workload, mechanism, eps) compute them once; DPOPT_NB_CACHE keeps the
+# per-task results across runs (e.g. a cache filled by `dpopt reproduce --cache DIR`).
+CACHE = Path(os.environ.get("DPOPT_NB_CACHE", OUT / "cache"))
 SMALL_SUBSET = {subset}
 
 
