@@ -8,20 +8,23 @@ certified lower bound from the Lagrangian dual over the diagonal multipliers (`c
 
     OPT >= ||W D^{1/2}||_*^2 / sum(d)   for every d >= 0,   = SVD bound at d = 1 (seed 004).
 
-Two methods (``method=``):
+Two methods (``method=``); "dual" is the default because it reaches the target gap fastest on every
+benchmarked row and is the only one that certifies singular G:
 
-- ``"dual"`` (default): projected Newton-CG on the n multipliers (`convex_dp_dual`). Each iteration is
-  one eigen-decomposition of the k x k matrix V D V^T (k = rank G) plus a handful of CG products at
-  O(n k^2); the primal point X(d) = V^T (V D V^T)^{-1/2} V and the certificate come with every iterate,
-  so the relative gap is known at no extra cost. It reaches gap <= 1e-6 in about 10 Newton iterations and
-  a few dozen CG products on AllRange, Prefix and WidthK for n = 128..2048 (benchmarks/bench_convex_dp.py),
-  and handles singular G (WidthK has rank n - k + 1) exactly, because the optimal X is then singular
-  (rank k, range(G)) and only a range-restricted parametrisation reaches it.
+- ``"dual"``: projected Newton-CG on the n multipliers (`convex_dp_dual`), started at the SVD-bound
+  strategy's multipliers d0 = diag(G^{1/2})^2. An iteration is one eigen-decomposition of the k x k
+  matrix V D V^T (k = rank G) plus a few CG products of O(n k^2); the primal point
+  X(d) = V^T (V D V^T)^{-1/2} V and the certificate come with every iterate. On AllRange, Prefix and
+  Width32 (n = 128..2048) it needs 1-5 Newton iterations and at most about a dozen CG products for a
+  certified gap <= 1e-6 (benchmarks/results/convex_dp.md). It also solves singular G exactly (Width32
+  has rank n - 31): the optimal X is then singular (rank k, range(G)), which only a range-restricted
+  parametrisation reaches.
 - ``"primal"``: the seed's Newton-CG on the tangent space diag(D) = 0 with Armijo/Cholesky line search,
-  made convergent (SVD-bound start, forcing sequence, preconditioned CG, certified-gap stopping;
-  `convex_dp_primal`). Its Newton system has n(n-1)/2 unknowns and CG products cost O(n^3) each, so it
-  needs many times the dual method's time for the same gap, and on singular G it must regularise (the gap
-  then stalls near the regularisation's effect). Kept as the seed-faithful reference.
+  made convergent (SVD-bound start, forcing sequence, Jacobi-preconditioned CG, certified-gap stopping;
+  `convex_dp_primal`). On nonsingular G it converges in 3-8 Newton iterations, but its CG runs on
+  n(n-1)/2 unknowns with O(n^3) products (20-100 per solve), which costs 2-4 times the dual method's
+  CPU time at n = 512..2048; on singular G it must regularise and stalls at gaps of 1e-3..1e-2.
+  Kept as the seed-faithful reference and an independent cross-check.
 """
 
 from __future__ import annotations

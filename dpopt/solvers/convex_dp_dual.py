@@ -72,31 +72,29 @@ class ConvexDPDual:
     def primal(self, p: DualPoint) -> PrimalPoint:
         """Feasible X from X(d) = Y^T Y, Y = diag(s^{-1/2}) Z, m = max diag X(d).
 
-        Unit-diagonal candidates: "diagonal rescaling" diag(X)^{-1/2} X(d) diag(X)^{-1/2} (second-order
-        accurate; only for nonsingular G, otherwise it leaves range(G)) and "range complement"
-        X(d)/m + diag(1 - diag(X(d))/m); objective by a Cholesky solve. Fallback "uniform scaling"
-        X(d)/m: diag <= 1, objective m * phi exactly. extra["A"] is a factor with A^T A = X.
+        Unit diagonal: "diagonal rescaling" diag(X)^{-1/2} X(d) diag(X)^{-1/2} when G is nonsingular
+        (second-order accurate: the gradient -X^{-1} G X^{-1} = -D is diagonal at the optimum), and
+        "range complement" X(d)/m + diag(1 - diag(X(d))/m) when G is singular (rescaling would leave
+        range(G)); objective by a Cholesky solve. Fallback "uniform scaling" X(d)/m: diag <= 1, objective
+        m * phi exactly. extra["A"] is a factor with A^T A = X.
         """
         s, Z = p.data
         k, n = Z.shape
         Y = Z / np.sqrt(s)[:, None]
         m = float(p.x.max())
         A_uni = Y / np.sqrt(m)
-        complement = np.diag(np.sqrt(np.clip(1.0 - p.x / m, 0.0, None)))
-        factors = [(np.vstack([A_uni, complement]), "range complement")]
         if k == n:
-            factors.insert(0, (Y / np.sqrt(p.x)[None, :], "diagonal rescaling"))
-        best = None
-        for A, label in factors:
-            X = A.T @ A
-            try:
-                fun = objective_from_factor(self.V, X)
-            except np.linalg.LinAlgError:
-                continue
-            if np.isfinite(fun) and (best is None or fun < best.fun):
-                best = PrimalPoint(X, fun, label, {"A": A})
-        if best is not None and best.fun <= m * p.phi * (1.0 + 1e-12):
-            return best
+            A, label = Y / np.sqrt(p.x)[None, :], "diagonal rescaling"
+        else:
+            A = np.vstack([A_uni, np.diag(np.sqrt(np.clip(1.0 - p.x / m, 0.0, None)))])
+            label = "range complement"
+        X = A.T @ A
+        try:
+            fun = objective_from_factor(self.V, X)
+        except np.linalg.LinAlgError:
+            fun = np.inf
+        if np.isfinite(fun) and fun <= m * p.phi * (1.0 + 1e-12):
+            return PrimalPoint(X, fun, label, {"A": A})
         return PrimalPoint(A_uni.T @ A_uni, m * p.phi, "uniform scaling", {"A": A_uni})
 
 
