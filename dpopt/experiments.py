@@ -481,7 +481,11 @@ def _run_task(task: Task) -> dict[str, Any]:
         out[_RECORD_RENAME.get(k, k)] = v
     err = mech.expected_error_
     m = workload.m
-    log10_bound = math.log10(privacy.variance_factor) + log10_svd_bound(workload)
+    bound = rec.get("bound")
+    if isinstance(bound, float) and math.isfinite(bound) and bound > 0:
+        log10_bound = math.log10(bound)  # the mechanism's own bound (P * SVDB of what it answers)
+    else:  # beyond float64 (AllPredicate(1024)): recomputed in log space
+        log10_bound = math.log10(privacy.variance_factor) + log10_svd_bound(workload)
     out["queries"] = _m_float(m)
     out["cells"] = workload.n
     out["log10_total_error"] = err.log10_total
