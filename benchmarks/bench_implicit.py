@@ -280,7 +280,7 @@ def main() -> None:
         imp_s = float(t2[t2["strategy"] == "implicit path"]["select_wall_s"].iloc[0])
         print(f"table 2 (64,32): dense / implicit time = {dense_s / imp_s:.1f}x")
     RESULTS.mkdir(exist_ok=True)
-    suffix = "-quick" if args.quick else ""
+    suffix = ".quick" if args.quick else ""
     df.to_csv(RESULTS / f"implicit{suffix}.csv", index=False)
     with open(RESULTS / f"implicit{suffix}.md", "w") as fh:
         fh.write(f"# Implicit workloads at scale{' (quick)' if args.quick else ''}\n\n")
