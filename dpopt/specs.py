@@ -35,7 +35,9 @@ workload specs:
   wrange:MxN[:seed=S]  wdiscrete:MxN[:seed=S][:off=-1|0]  wrelated:MxN:s=S[:seed=S]
   wtau:MxN:tau=T[:seed=S]  marginals:N1xN2x...:K (all K-way marginals)
   kron:SPEC,SPEC,...  (Kronecker product, e.g. kron:allrange:64,allrange:32)
-  npy:PATH (a dense W saved with numpy.save)  gram-npy:PATH (a saved W^T W)"""
+  npy:PATH (a dense W saved with numpy.save)  gram-npy:PATH (a saved W^T W)
+  marginals:NAME:K  marginals:PATH.json:K (all K-way marginals over a domain file, e.g. marginals:adult:2)
+  Kronecker products and marginals too large for a dense W^T W are handled implicitly (mechanism hdmm)."""
 
 
 class SpecError(ValueError):
@@ -96,6 +98,14 @@ def parse_workload(spec: str) -> Workload:
     spec = spec.strip()
     name, _, rest = spec.partition(":")
     name = name.lower()
+    if name in ("kron", "marginals"):
+        from dpopt.implicit.specs import (
+            parse_implicit_spec,  # lazy: the implicit parser uses this one
+        )
+
+        implicit = parse_implicit_spec(spec)
+        if implicit is not None:
+            return implicit
     if name == "kron":
         factors = [f for f in rest.split(",") if f]
         if len(factors) < 2:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,8 +24,10 @@ from dpopt.implicit.workloads import MarginalsWorkload
 from dpopt.privacy import Privacy
 from dpopt.validation import as_generator
 
-# Where the shared data lives relative to the repository root (tests and benchmarks run from there).
-DEFAULT_DATA_DIR = Path("../shared/data")
+# The shared data folder beside the checkout (override with DPOPT_DATA_DIR).
+DEFAULT_DATA_DIR = Path(
+    os.environ.get("DPOPT_DATA_DIR", Path(__file__).resolve().parents[2].parent / "shared" / "data")
+)
 
 
 def load_domain(path: str | Path) -> tuple[list[str], list[int]]:

@@ -15,7 +15,7 @@ from dpopt.error import ErrorReport, expected_error, noisy_answers
 from dpopt.privacy import Privacy
 from dpopt.strategy import Strategy
 from dpopt.validation import check_finite_vector
-from dpopt.workloads import Workload, as_workload
+from dpopt.workloads import MAX_DENSE_ENTRIES, Workload, as_workload
 
 
 class MechanismError(ValueError):
@@ -70,6 +70,11 @@ class Mechanism(ABC):
         workload = as_workload(workload)
         if not isinstance(privacy, Privacy):
             raise MechanismError(f"{self.short_name}: privacy must be a dpopt.privacy.Privacy")
+        if workload.n**2 > MAX_DENSE_ENTRIES:
+            raise MechanismError(
+                f"{self.short_name}: {workload.n:.3g} cells are too many for a dense strategy; "
+                "use the implicit mechanism 'hdmm'"
+            )
         t0, c0 = time.perf_counter(), time.process_time()
         sel = self._select(workload, privacy)
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0

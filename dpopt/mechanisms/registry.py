@@ -19,6 +19,7 @@ MECHANISMS: dict[str, str] = {
     "mm-appendix-b": "dpopt.mechanisms.matrix:AppendixBMechanism",
     "lrm": "dpopt.mechanisms.lowrank:LowRankMechanism",
     "om": "dpopt.mechanisms.orthogonal:OrthogonalMechanism",
+    "hdmm": "dpopt.implicit.mechanisms:HDMMMechanism",
 }
 
 
