@@ -110,7 +110,10 @@ class HDMMMechanism(Mechanism):
     def record(self) -> dict[str, Any]:
         """The same keys as every mechanism's record, computed through the factors."""
         self._check_fitted()
-        err, info, bound = self.expected_error_, self.fit_info_, self.bound_
+        err, info = self.expected_error_, self.fit_info_
+        # `bound` is P * SVDB for every mechanism in a comparison; the selection's own (possibly
+        # tighter, certified) bound is kept beside it.
+        bound = self.privacy_.variance_factor * self.workload_.error_lower_bound()[0]
         return {
             "mechanism": self.short_name,
             "workload": self.workload_.name,
@@ -131,5 +134,7 @@ class HDMMMechanism(Mechanism):
             "status": info.status,
             "iterations": info.iterations,
             "gap": info.gap,
+            "certified_bound": self.bound_,
+            "certified_bound_kind": info.message,
         }
 
