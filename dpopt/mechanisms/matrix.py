@@ -41,11 +41,12 @@ from dpopt.workloads import Workload
 STRATEGY_KINDS = ("eigen", "optimal", "appendix-b")
 FACTORS = ("auto", "cholesky", "sqrt", "eigen")
 INFERENCES = ("ls", "nnls")
-# Hand-written solver for each kind: (module, function, what its SolverResult.x is).
+# Hand-written solver for each kind: (module, function, what its SolverResult.x is): "gram" X = A^T A,
+# "weights" u on the eigenvectors in extra["eigenvectors"], or "strategy" A itself.
 _HAND_SOLVERS = {
     "eigen": ("dpopt.solvers.eigen_design", "solve_eigen_design", "weights"),
     "optimal": ("dpopt.solvers.convex_dp", "solve_convex_dp", "gram"),
-    "appendix-b": ("dpopt.solvers.appendix_b", "solve_appendix_b", "gram"),
+    "appendix-b": ("dpopt.solvers.appendix_b", "solve_appendix_b", "strategy"),
 }
 # CVXPY reference model (module in formulations/) for each kind.
 _CVXPY_MODELS = {"eigen": "eigen_design", "optimal": "mm_approx", "appendix-b": "appendix_b"}
@@ -148,10 +149,10 @@ class MatrixMechanism(Mechanism):
         # trace(G X^-1) scales with G: normalise so solver tolerances mean the same on every workload.
         scale = float(np.mean(np.diag(G)))
         G = G / scale
-        result, solver_name = self._run_solver(G, workload)
+        result, solver_name, what = self._run_solver(G, workload)
         status, message = solver_status(result, self.short_name, self.on_unconverged)
         X = np.zeros_like(G_full)
-        X[np.ix_(kept, kept)] = self._gram_from_result(result, G)
+        X[np.ix_(kept, kept)] = self._gram_from_result(result, G, what)
         A, used = factor_gram(X, self.factor, privacy)
         if privacy.is_pure:
             message = (
@@ -179,13 +180,13 @@ class MatrixMechanism(Mechanism):
             extra=extra,
         )
 
-    def _run_solver(self, G: np.ndarray, workload: Workload) -> tuple[SolverResult, str]:
+    def _run_solver(self, G: np.ndarray, workload: Workload) -> tuple[SolverResult, str, str]:
         """Run the hand-written solver or the CVXPY model for self.strategy on the normalised Gram G.
 
         solver="auto" uses the hand-written solver when its module is installed, else the CVXPY model.
         """
         kind = str(self.strategy)
-        module, func, _ = _HAND_SOLVERS[kind]
+        module, func, what = _HAND_SOLVERS[kind]
         solve = None
         if not self.solver.startswith("cvxpy"):
             try:
@@ -197,9 +198,9 @@ class MatrixMechanism(Mechanism):
                         "available on this installation; use solver='cvxpy'"
                     ) from None
         if solve is None:
-            return self._run_cvxpy(kind, G)
+            return (*self._run_cvxpy(kind, G), "gram")
         try:
-            return solve(G, **self.solver_options), func
+            return solve(G, **self.solver_options), func, what
         except ValueError as exc:
             raise MechanismError(f"{self.short_name}: {func} cannot handle workload {workload.name}: {exc}") from None
 
@@ -236,17 +237,21 @@ class MatrixMechanism(Mechanism):
         )
         return out, f"cvxpy:{res.solver}"
 
-    def _gram_from_result(self, result: SolverResult, G: np.ndarray) -> np.ndarray:
-        """Strategy Gram X (n x n) from a solver result: X itself, or eigen-design weights u on eig(G)."""
+    def _gram_from_result(self, result: SolverResult, G: np.ndarray, what: str) -> np.ndarray:
+        """Strategy Gram X (n x n) from a solver result whose x is `what` (see _HAND_SOLVERS)."""
         x = np.asarray(result.x, dtype=float)
-        if x.shape == G.shape and np.all(np.isfinite(x)):
+        n = G.shape[0]
+        if not np.all(np.isfinite(x)):
+            raise MechanismError(f"{self.short_name}: solver returned non-finite values")
+        if what == "gram" and x.shape == (n, n):
             return (x + x.T) / 2
-        if x.shape == (G.shape[0],) and np.all(np.isfinite(x)) and "eigenvectors" in result.extra:
+        if what == "strategy" and x.ndim == 2 and x.shape[1] == n:
+            return x.T @ x
+        if what == "weights" and x.shape == (n,) and "eigenvectors" in result.extra:
             P = np.asarray(result.extra["eigenvectors"], dtype=float)
             return (P * np.clip(x, 0.0, None)) @ P.T
         raise MechanismError(
-            f"{self.short_name}: solver returned x of shape {x.shape}; expected a finite {G.shape} Gram "
-            "or eigen-design weights with their eigenvectors"
+            f"{self.short_name}: solver returned x of shape {x.shape}; expected {what} for {n} cells"
         )
 
     # -- answering ---------------------------------------------------------------------------------

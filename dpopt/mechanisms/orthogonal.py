@@ -4,8 +4,9 @@ Choices (the paper leaves them open; the solver module documents each in detail)
 - Algorithm 2, line 1 ("randomly select r independent queries"): rows of W are scanned in a random
   order drawn from `seed` (an int or Generator); `seed=None` scans them in input order (reproduces
   Example 1). The choice is deterministic given the seed.
-- line 17 ("independent and normalised queries"): `basis="rows"` keeps the first independent
-  restricted rows, scaled to sensitivity 1 per sub-domain; `basis="orthonormal"` uses singular vectors.
+- line 17 ("independent and normalised queries"): `basis` is passed to the solver ("auto", its
+  default, "rows" or "orthonormal"; see `dpopt.solvers.orthogonal.subdomain_queries`). Each sub-domain's
+  block is scaled to sensitivity 1.
 - Algorithm 3: B is solved block by block (exact W = B W~ even for sub-domains with several queries).
 Under (eps, delta)-DP the same decomposition is answered with Gaussian noise scaled to the L2
 sensitivity of W~ (valid, but the paper's construction targets the L1 sensitivity).
@@ -19,7 +20,7 @@ import numpy as np
 
 from dpopt.mechanisms.base import Mechanism, MechanismError, Selection
 from dpopt.privacy import Privacy
-from dpopt.solvers.orthogonal import om_expected_error, orthogonal_strategy
+from dpopt.solvers.orthogonal import _BASES, om_expected_error, orthogonal_strategy
 from dpopt.strategy import Strategy
 from dpopt.workloads import Workload, WorkloadTooLargeError
 
@@ -35,12 +36,12 @@ class OrthogonalMechanism(Mechanism):
     def __init__(
         self,
         seed: int | np.random.Generator | None = 0,
-        basis: str = "rows",
+        basis: str = "auto",
         tol: float = 1e-10,
         residual_tol: float = 1e-8,
     ) -> None:
-        if basis not in ("rows", "orthonormal"):
-            raise ValueError(f"om: basis must be 'rows' or 'orthonormal', got {basis!r}")
+        if basis not in _BASES:
+            raise ValueError(f"om: basis must be one of {_BASES}, got {basis!r}")
         if not 0.0 < tol < 1.0 or not 0.0 < residual_tol < 1.0:
             raise ValueError(f"om: tol and residual_tol must lie in (0, 1), got {tol}, {residual_tol}")
         self.seed = seed
