@@ -680,6 +680,9 @@ def _r_check(summary: pd.DataFrame) -> tuple[bool, str]:
         low = g[g["x"] < 1.0]["value"]
         high = g[g["x"] >= 1.2]["value"]
         if low.empty or high.empty:
+            msgs.append(f"{panel} eps={eps:g}: no LRM result for r < rank(W)" if high.size else
+                        f"{panel} eps={eps:g}: no LRM result for r >= 1.2 rank(W)")
+            ok = False
             continue
         r = float(low.max() / high.min())
         ok &= r > 2.0
