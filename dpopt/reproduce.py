@@ -85,6 +85,8 @@ class Experiment:
     compare: Callable[[pd.DataFrame], list[tuple[bool, str]]] | None = None
     plot: Callable[[pd.DataFrame, pd.DataFrame, Path], None] | None = None
     note: str = ""
+    # Below the paper's scale, mechanism -> largest n it runs at (slow solvers would dominate the run).
+    max_cells: dict[str, int] = field(default_factory=dict)
 
     def tasks(self, scale: str = "default", repetitions: int | None = None) -> list[Task]:
         """Every (point, mechanism, eps, repetition) at `scale` as a sweep task."""
@@ -95,6 +97,8 @@ class Experiment:
         for pt in self.points(scale):
             coords = {"panel": pt.panel, "x": pt.x, **pt.sizes}
             for mech in self.mechanisms:
+                if scale != "full" and int(pt.sizes.get("n", 0)) > self.max_cells.get(mech, math.inf):
+                    continue
                 params = tuple(sorted(pt.params.get(mech, {}).items()))
                 for eps in self.epsilon(scale):
                     for rep in range(reps):
@@ -474,6 +478,9 @@ def make_table2(rows: Sequence[str] | None = None) -> Experiment:
 # --------------------------------------------------------------------------------------------------
 # Low-Rank Mechanism, Section 6 (seed 000)
 
+# The matrix mechanism's n x n solver dominates runs beyond this size; only --full runs it there.
+MM_MAX_CELLS = {"mm-appendix-b": 256}
+MM_NOTE = "Below the paper's scale, MM (mm-appendix-b) runs only up to n = 256 cells."
 LRM_GAMMAS = [1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0]
 LRM_R_RATIOS = [0.8, 1.0, 1.2, 1.4, 1.7, 2.1, 2.5, 3.0, 3.6]
 LRM_NS = [128, 256, 512, 1024, 2048, 4096, 8192]
@@ -595,7 +602,8 @@ def _large_x(t: pd.DataFrame, k: int = 1) -> pd.Series:
 
 
 def _lrm_experiments() -> list[Experiment]:
-    common = dict(source="seed 000, Section 6", data=searchlogs_data, repetitions=_lrm_reps)
+    common = dict(source="seed 000, Section 6", data=searchlogs_data, repetitions=_lrm_reps,
+                  max_cells=MM_MAX_CELLS, note=MM_NOTE)
     return [
         Experiment(
             name="lrm-fig2", title="LRM: effect of the relaxation gamma", points=lrm_fig2_points,
@@ -747,7 +755,8 @@ def _eps_as_x(exp: Experiment) -> Experiment:
 
 
 def _om_experiments() -> list[Experiment]:
-    common = dict(source="seed 001, Section 5", repetitions=_om_reps, logx=False)
+    common = dict(source="seed 001, Section 5", repetitions=_om_reps, logx=False, max_cells=MM_MAX_CELLS,
+                  note=MM_NOTE)
     return [
         _eps_as_x(Experiment(
             name="om-fig1", title="Accuracy vs eps on W_tau", points=om_eps_points, mechanisms=OM_MECHANISMS,
