@@ -479,8 +479,8 @@ def make_table2(rows: Sequence[str] | None = None) -> Experiment:
 # Low-Rank Mechanism, Section 6 (seed 000)
 
 # The matrix mechanism's n x n solver dominates runs beyond this size; only --full runs it there.
-MM_MAX_CELLS = {"mm-appendix-b": 256}
-MM_NOTE = "Below the paper's scale, MM (mm-appendix-b) runs only up to n = 256 cells."
+MM_MAX_CELLS = {"mm-appendix-b": 128}
+MM_NOTE = "Below the paper's scale, MM (mm-appendix-b) runs only up to n = 128 cells."
 LRM_GAMMAS = [1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0]
 LRM_R_RATIOS = [0.8, 1.0, 1.2, 1.4, 1.7, 2.1, 2.5, 3.0, 3.6]
 LRM_NS = [128, 256, 512, 1024, 2048, 4096, 8192]
