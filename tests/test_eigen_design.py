@@ -107,6 +107,14 @@ def test_scale_invariance() -> None:
         np.testing.assert_allclose(res.extra["completed_fun"] / scale, ref.extra["completed_fun"], rtol=1e-9)
 
 
+def test_without_completion() -> None:
+    G = prefix_gram(24)
+    full, plain = solve_eigen_design(G), solve_eigen_design(G, complete=False)
+    np.testing.assert_allclose(plain.fun, full.fun, rtol=1e-12)
+    assert plain.extra["completed_fun"] == plain.fun and not plain.extra["completion"].any()
+    assert full.extra["completed_fun"] < full.fun  # Prefix leaves budget unused in some cells
+
+
 def test_dual_bound_at_ones_is_svd_bound() -> None:
     G = width_gram(20, 5)
     np.testing.assert_allclose(eigen_design_dual_bound(G, np.ones(20)), svdb(G), rtol=1e-7)

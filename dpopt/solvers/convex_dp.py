@@ -23,7 +23,7 @@ benchmarked row and is the only one that certifies singular G:
   made convergent (SVD-bound start, forcing sequence, Jacobi-preconditioned CG, certified-gap stopping;
   `convex_dp_primal`). On nonsingular G it converges in 3-8 Newton iterations, but its CG runs on
   n(n-1)/2 unknowns with O(n^3) products (11-114 per solve), which costs 1.7-4.4 times the dual method's
-  CPU time at n = 512..2048; on singular G it must regularise and stalls at gaps of 1e-3..1e-2.
+  CPU time at n = 128..2048; on singular G it must regularise and stalls at gaps of 6e-4..7e-3.
   Kept as the seed-faithful reference and an independent cross-check.
 """
 

@@ -140,6 +140,7 @@ def solve_eigen_design(
     rank_tol: float = RANK_TOL,
     active_tol: float = 1e-3,
     damping: float = 1.0,
+    complete: bool = True,
 ) -> SolverResult:
     """Eigen-design weights (seed 003; Li & Miklau 2012) by dual projected Newton-CG, with a certificate.
 
@@ -153,6 +154,8 @@ def solve_eigen_design(
     callback : called per iteration with a dict (nit, d, fun, dual_bound, gap); True stops the solver.
     time_limit : wall-clock seconds (the eigen-decomposition of G counts).
     rank_tol : eigenvalues below rank_tol * largest are treated as zero (weight 0).
+    complete : also evaluate `complete_strategy` (one O(n^3) Cholesky solve; about a fifth of the time at
+        n = 4096); if False, extra["completion"] is zeros and extra["completed_fun"] equals fun.
 
     Returns
     -------
@@ -186,7 +189,9 @@ def solve_eigen_design(
     gap = relative_gap(fun, dual)
     status, message = certified_status(out.status, out.message, gap, tol)
     A = np.sqrt(u[keep])[:, None] * P[:, keep].T
-    completion, completed_fun = complete_strategy(A, np.sqrt(lam[keep])[:, None] * P[:, keep].T)
+    completion, completed_fun = np.zeros(n), fun
+    if complete:
+        completion, completed_fun = complete_strategy(A, np.sqrt(lam[keep])[:, None] * P[:, keep].T)
     res = SolverResult(
         x=u,
         fun=fun,
