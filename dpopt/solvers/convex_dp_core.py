@@ -173,7 +173,9 @@ def undo_unit_scale(res: SolverResult, c: float) -> SolverResult:
     return res
 
 
-def unscaled_callback(callback: Callable[[dict[str, Any]], bool | None] | None, c: float):
+def unscaled_callback(
+    callback: Callable[[dict[str, Any]], bool | None] | None, c: float
+) -> Callable[[dict[str, Any]], bool | None] | None:
     """Wrap a user callback so it sees values for G, not G / c."""
     if callback is None:
         return None
