@@ -1,0 +1,337 @@
+"""Every convex model: SCS and Clarabel agree, known orderings hold, small optima match independent numbers."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dpopt.baselines import hierarchical_strategy, identity_strategy, wavelet_strategy
+from dpopt.bounds import svd_bound_from_gram
+from dpopt.error import expected_error
+from dpopt.privacy import Privacy
+from dpopt.workloads import AllRange, Identity, Prefix, WidthK, WRange, WRelated
+from formulations import appendix_b, eigen_design, mm_approx, mm_pure, per_query
+from formulations.solve import solve
+
+AGREE_RTOL = 1e-4  # SCS (tightened) vs Clarabel, relative
+# Clarabel stops with "insufficient progress" below 1e-6 on some cut-laden mm_pure models (e.g.
+# WRange(32, 16)); 1e-6 is still two orders tighter than the agreement asked for.
+CLARABEL_TOL = 1e-6
+SCS_TOL = 1e-9  # tightened from SCS's default 1e-4
+# SCS converges slowly on per_query (e.g. WidthK(8, 2): 1,500 iterations at 1e-6, 56,000 at 1e-7 and
+# no convergence within 200,000 at 1e-8, while Clarabel agrees with the 1e-6 run to 2e-6).
+SCS_TOL_MODEL = {"per_query": 1e-6}
+GAUSS = Privacy(1.0, 1e-6)
+REFERENCE = Path(__file__).resolve().parents[1] / ".." / "shared" / "reference" / "hdmm-oned.csv"
+
+
+def family(name: str, n: int):
+    """The five workload families of the cross-solver tests at domain size n."""
+    if name == "allrange":
+        return AllRange(n)
+    if name == "prefix":
+        return Prefix(n)
+    if name == "widthk":
+        return WidthK(n, max(2, n // 4))
+    if name == "wrange":
+        return WRange(2 * n, n, seed=1)
+    if name == "wrelated":
+        return WRelated(2 * n, n, max(2, n // 4), seed=1)
+    raise ValueError(name)
+
+
+FAMILIES = ["allrange", "prefix", "widthk", "wrange", "wrelated"]
+
+
+def per_query_bounds(W: np.ndarray, seed: int = 0) -> np.ndarray:
+    """Variance bounds c_i = ||w_i||^2 * U(0.5, 1.5): the identity strategy is feasible at t <= 2."""
+    rng = np.random.default_rng(seed)
+    return np.einsum("ij,ij->i", W, W) * rng.uniform(0.5, 1.5, size=W.shape[0])
+
+
+BUILDERS = {
+    "mm_approx": mm_approx.build,
+    "eigen_design": eigen_design.build,
+    "appendix_b": appendix_b.build,
+    "mm_pure": mm_pure.build,
+    "per_query": lambda w: per_query.build(w, per_query_bounds(w.matrix())),
+}
+
+
+def _agree(model_name: str, fam: str, n: int) -> tuple[float, float]:
+    w = family(fam, n)
+    a = solve(BUILDERS[model_name](w), "clarabel", tol=CLARABEL_TOL)
+    b = solve(BUILDERS[model_name](w), "scs", tol=SCS_TOL_MODEL.get(model_name, SCS_TOL))
+    assert a.objective > 0
+    rel = abs(a.objective - b.objective) / abs(a.objective)
+    assert rel <= AGREE_RTOL, f"{model_name} on {w.name}: clarabel {a.objective} vs scs {b.objective}"
+    return a.objective, b.objective
+
+
+def _cases(sizes, slow: bool):
+    """(model, family, n) triples; the expensive ones (measured on this 2-core machine) are slow."""
+    out = []
+    for n in sizes:
+        for model_name in BUILDERS:
+            for fam in FAMILIES:
+                # From n = 32 on, every SDP takes Clarabel several seconds on this machine.
+                expensive = n >= 32 and model_name != "eigen_design"
+                # SCS needs ~100,000 iterations for per_query on WidthK(16, 4) at 1e-6 (20 s).
+                expensive |= (model_name, fam, n) == ("per_query", "widthk", 16)
+                if expensive == slow:
+                    out.append((model_name, fam, n))
+    return out
+
+
+@pytest.mark.parametrize("model_name,fam,n", _cases([8, 16, 32, 64], slow=False))
+def test_scs_and_clarabel_agree(model_name, fam, n):
+    _agree(model_name, fam, n)
+
+
+def test_scs_and_clarabel_agree_n32_allrange_sdp():
+    _agree("mm_approx", "allrange", 32)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_name,fam,n", _cases([16, 32, 64], slow=True))
+def test_scs_and_clarabel_agree_large(model_name, fam, n):
+    if n == 64 and model_name in ("per_query", "mm_pure"):
+        pytest.skip("mm_pure has 166k cuts at n = 64 and per_query a 128 x 128 block; see the benchmark")
+    _agree(model_name, fam, n)
+
+
+def test_smoothed_appendix_b_agrees_and_brackets_the_max():
+    w = family("wrange", 8)
+    exact = solve(appendix_b.build(w), "clarabel").objective
+    mu = 0.5
+    a = solve(appendix_b.build(w, mu=mu), "clarabel").objective
+    b = solve(appendix_b.build(w, mu=mu), "scs", tol=SCS_TOL).objective
+    assert abs(a - b) / a <= AGREE_RTOL
+    assert exact * (1 - 1e-7) <= a <= exact + mu * math.log(8) + 1e-6
+
+
+# --- orderings ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fam", FAMILIES)
+@pytest.mark.parametrize("n", [8, 16])
+def test_sdp_optimum_between_svd_bound_and_every_strategy(fam, n):
+    w = family(fam, n)
+    G = w.gram()
+    P = GAUSS.variance_factor
+    res = solve(mm_approx.build(w), "clarabel")
+    sdp = P * res.objective
+    # The recovered strategy attains the optimum (seed 002: the SDP is exact for (eps, delta)).
+    assert expected_error(res.strategy, w, GAUSS).total == pytest.approx(sdp, rel=1e-6)
+    svdb = P * svd_bound_from_gram(G)
+    eigen = solve(eigen_design.build(w), "clarabel").strategy
+    errors = {
+        s.name: expected_error(s, w, GAUSS).total
+        for s in (eigen, wavelet_strategy(n), hierarchical_strategy(n), identity_strategy(n))
+    }
+    assert svdb <= sdp * (1 + 1e-7)
+    for name, err in errors.items():
+        assert sdp <= err * (1 + 1e-7), f"SDP optimum above {name} on {w.name}"
+    # Eigen-design contains the identity (u = 1), so it is never worse than it.
+    assert errors["eigen_design"] <= errors["identity"] * (1 + 1e-7)
+    assert mm_approx.report(res.strategy, w, GAUSS)["ratio"] == pytest.approx(sdp / svdb, rel=1e-6)
+
+
+@pytest.mark.parametrize("fam", FAMILIES)
+def test_appendix_b_equals_the_sdp(fam):
+    w = family(fam, 8)
+    sdp = solve(mm_approx.build(w), "clarabel").objective
+    res = solve(appendix_b.build(w), "clarabel")
+    assert res.objective == pytest.approx(sdp, rel=1e-6)
+    # Its strategy (normalised to sens2 = 1) attains the same value.
+    s = res.strategy
+    assert s.sens2 == pytest.approx(1.0, rel=1e-9)
+    assert float(np.trace(w.gram() @ s.gram_pinv())) == pytest.approx(sdp, rel=1e-5)
+
+
+def test_identity_workload_optimum_is_the_identity():
+    # For W = I the SVD bound is tight: SVDB = n and X = I is optimal.
+    res = solve(mm_approx.build(Identity(6)), "clarabel")
+    assert res.objective == pytest.approx(6.0, rel=1e-7)
+    assert solve(eigen_design.build(Identity(6)), "clarabel").objective == pytest.approx(6.0, rel=1e-7)
+
+
+# --- ALLRANGE(n): the SDP against an independent first-order computation -----------------------------
+
+
+def projected_gradient_opt(G: np.ndarray, tol: float = 1e-12, max_iter: int = 100_000) -> float:
+    """min trace(G X^{-1}) over {diag(X) = 1, X > 0} by projected gradient (written for this test).
+
+    For G > 0 the optimum of the diag(X) <= 1 problem has diag(X) = 1 (seed 002, Lemma 5), so the
+    feasible set is affine and the projection of the gradient -X^{-1} G X^{-1} zeroes its diagonal.
+    Step sizes: Barzilai-Borwein, halved until X stays positive definite (Cholesky) and the Armijo
+    condition holds. Stops when the projected gradient's norm is below tol * f.
+    """
+    n = G.shape[0]
+    X = np.eye(n)
+
+    def f(M: np.ndarray) -> float:
+        return float(np.trace(G @ np.linalg.inv(M)))
+
+    fx, step = f(X), 1e-2
+    X_prev = D_prev = None
+    for _ in range(max_iter):
+        Xi = np.linalg.inv(X)
+        D = Xi @ G @ Xi
+        np.fill_diagonal(D, 0.0)
+        nd = float(np.linalg.norm(D))
+        if nd <= tol * fx:
+            return fx
+        if X_prev is not None:
+            s, y = (X - X_prev).ravel(), (D_prev - D).ravel()
+            if s @ y > 0:
+                step = float(s @ s) / float(s @ y)
+        while True:
+            Xn = X + step * D
+            try:
+                np.linalg.cholesky(Xn)
+            except np.linalg.LinAlgError:
+                step /= 2
+                continue
+            fn = f(Xn)
+            if fn <= fx - 1e-4 * step * nd * nd:
+                break
+            step /= 2
+        X_prev, D_prev, X, fx = X, D, Xn, fn
+    raise AssertionError("projected gradient did not converge")
+
+
+@pytest.mark.parametrize("n", [4, 6, 8, 10])
+def test_allrange_sdp_matches_projected_gradient(n):
+    G = AllRange(n).gram()
+    pg = projected_gradient_opt(G)
+    for solver, tol in (("clarabel", 1e-9), ("scs", SCS_TOL)):
+        assert solve(mm_approx.build(G), solver, tol=tol).objective == pytest.approx(pg, rel=1e-6)
+
+
+# --- eps-DP relaxation: a lower bound on every feasible eps-DP strategy --------------------------------
+
+
+def _l1_unit_error(strategy, w) -> float:
+    return expected_error(strategy, w, Privacy(1.0)).total / Privacy(1.0).variance_factor
+
+
+@pytest.mark.parametrize("fam", FAMILIES)
+def test_pure_relaxation_bounds_every_eps_dp_strategy(fam, record_property):
+    from dpopt.solvers.lrm import solve_lrm
+    from dpopt.strategy import Strategy
+
+    n = 8
+    w = family(fam, n)
+    bound = solve(mm_pure.build(w), "clarabel").objective
+    l2 = solve(mm_approx.build(w), "clarabel")
+    lam, Q = np.linalg.eigh(l2.strategy.gram)
+    sqrt_root = Strategy((Q * np.sqrt(np.clip(lam, 0, None))) @ Q.T, name="l2-opt (sqrt)")
+    lrm = solve_lrm(w.matrix(), seed=0)
+    B, L = lrm.x
+    candidates = {
+        "identity": identity_strategy(n),
+        "hierarchical": hierarchical_strategy(n),
+        "wavelet": wavelet_strategy(n),
+        "l2-opt (cholesky)": l2.strategy,
+        "l2-opt (sqrt)": sqrt_root,
+        "eigen_design": solve(eigen_design.build(w), "clarabel").strategy,
+    }
+    errors = {k: _l1_unit_error(s, w) for k, s in candidates.items()}
+    if np.linalg.norm(w.matrix() - B @ L) <= 1e-6 * np.linalg.norm(w.matrix()):
+        errors["lrm"] = float(np.sum(B * B)) * float(np.abs(L).sum(axis=0).max()) ** 2
+    for name, err in errors.items():
+        assert bound <= err * (1 + 1e-7), f"relaxation above the L1 error of {name} on {w.name}"
+    best = min(errors, key=errors.get)
+    record_property("gap", errors[best] / bound)
+    print(f"{w.name}: bound {bound:.4f}, best {best} {errors[best]:.4f}, gap {errors[best] / bound:.3f}")
+
+
+def test_triangle_cuts_hold_for_every_l1_strategy_and_can_bind():
+    rng = np.random.default_rng(7)
+    T = mm_pure.triangle_matrix(6)
+    for p in (1, 2, 3, 6, 12):
+        for _ in range(50):
+            A = rng.standard_normal((p, 6)) * (rng.random((p, 6)) < 0.6)
+            A /= np.maximum(np.abs(A).sum(axis=0), 1e-300) * rng.uniform(1.0, 2.0, size=6)
+            assert (T @ (A.T @ A).ravel(order="F")).min() >= -1 - 1e-12
+    # Vertices of the L1 ball attain -1: a = e1, b = -e1, c = 0 ... and a = e1, b = -e1/2 + e2/2, etc.
+    A = np.array([[1.0, -1.0, 0.0, 0.0, 0.0, 0.0]])
+    assert (T @ (A.T @ A).ravel(order="F")).min() == pytest.approx(-1.0)
+    # On a random low-rank workload the cuts are active: the bound rises above the L2 relaxation.
+    w = family("wrelated", 8)
+    cut = solve(mm_pure.build(w), "clarabel").objective
+    no_cut = solve(mm_pure.build(w, cuts=None), "clarabel").objective
+    assert cut > no_cut * (1 + 1e-3)
+
+
+def test_seed_lifting_does_not_change_the_value():
+    w = family("wrange", 6)
+    lifted = solve(mm_pure.build(w, cuts=None, lifted=True), "clarabel").objective
+    plain = solve(mm_pure.build(w, cuts=None), "clarabel").objective
+    sdp = solve(mm_approx.build(w), "clarabel").objective
+    assert lifted == pytest.approx(plain, rel=1e-6)
+    assert plain == pytest.approx(sdp, rel=1e-6)
+    assert mm_pure.bound(plain, Privacy(0.5)) == pytest.approx(8.0 * plain)
+    with pytest.raises(ValueError, match="delta = 0"):
+        mm_pure.bound(plain, GAUSS)
+
+
+# --- per-query accuracy --------------------------------------------------------------------------------
+
+
+def test_per_query_identity_workload_is_analytic():
+    # W = I: X_ii (X^{-1})_ii >= 1 gives t >= max_i 1 / c_i, attained by X = diag(1 / c).
+    c = np.array([0.5, 1.0, 2.0, 4.0])
+    for solver in ("clarabel", "scs"):
+        res = solve(per_query.build(Identity(4), c), solver, tol=1e-9)
+        assert res.objective == pytest.approx(2.0, rel=1e-6)
+
+
+@pytest.mark.parametrize("fam", ["prefix", "wrange", "wrelated"])
+def test_per_query_strategy_meets_every_bound_and_scales(fam):
+    w = family(fam, 8)
+    W = w.matrix()
+    c = per_query_bounds(W)
+    res = solve(per_query.build(w, c), "clarabel")
+    t = res.objective
+    s = res.strategy
+    assert s.sens2 == pytest.approx(1.0, rel=1e-9)
+    # With sens2 = 1 and unit noise per unit sensitivity the variances are at most t * c_i, i.e. the
+    # bounds hold at variance factor P = 1 / t; at least one bound is active.
+    ratio = per_query.query_variances(s, W) / (t * c)
+    assert ratio.max() == pytest.approx(1.0, rel=1e-5)
+    # Halving every bound doubles the least privacy cost.
+    assert solve(per_query.build(w, c / 2), "clarabel").objective == pytest.approx(2 * t, rel=1e-6)
+    assert per_query.zcdp_rho(t) == pytest.approx(t / 2)
+    assert per_query.epsilon_for(t, 1e-6) == pytest.approx(math.sqrt(2 * math.log(2e6) * t))
+
+
+def test_per_query_with_the_sdp_variances_costs_at_most_one():
+    # The total-error optimum (diag X <= 1) meets its own per-query variances, so t* <= 1.
+    w = family("prefix", 8)
+    W = w.matrix()
+    v = per_query.query_variances(solve(mm_approx.build(w), "clarabel").strategy, W)
+    assert solve(per_query.build(w, v * 1.01), "clarabel").objective <= 1.0 / 1.01 * (1 + 1e-6)
+
+
+# --- published reference: HDMM's 1-D table at n = 128 (slow: SCS on a 256 x 256 block) -----------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("wname", ["all-range", "prefix", "width32"])
+def test_sdp_against_hdmm_table_n128(wname):
+    if not REFERENCE.exists():
+        pytest.skip(f"reference table {REFERENCE} not present")
+    import pandas as pd
+
+    row = pd.read_csv(REFERENCE).query("domain == 128 and workload == @wname").iloc[0]
+    w = {"all-range": AllRange(128), "prefix": Prefix(128), "width32": WidthK(128, 32)}[wname]
+    res = solve(mm_approx.build(w), "scs", tol=1e-7)
+    rmse = math.sqrt(res.objective / w.m)
+    assert math.sqrt(svd_bound_from_gram(w.gram()) / w.m) == pytest.approx(row["SVDB"], rel=1e-9)
+    # The optimum lies between the SVD bound and the Newton-method strategy the table reports.
+    assert row["SVDB"] <= rmse <= row["YuanConvex"] * (1 + 1e-6)
