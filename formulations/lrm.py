@@ -1,0 +1,276 @@
+"""Low-Rank Mechanism decomposition (seed 000, Formulas (7) and (8)) as alternating convex CVXPY models.
+
+    minimise tr(B^T B)  s.t.  ||W - B L||_F <= gamma  (gamma = 0: W = B L),  ||L[:, j]||_1 <= 1 for all j,
+
+with W (m x n), B (m x r), L (r x n). Under eps-DP the decomposition answers W with total squared
+error 2/eps^2 * tr(B^T B) (seed 000, Lemma 1 with sensitivity max_j ||L[:, j]||_1 <= 1). The problem
+is bi-convex: convex in B for fixed L and in L for fixed B, not jointly. Following the paper's
+Algorithm 1 (inexact augmented Lagrangian), each block is a CVXPY model with parameters so that it is
+compiled once and re-solved:
+
+- B-step (the paper's Eq. (9), here solved by the conic solver):
+      min_B  1/2 ||B||_F^2 + <pi, W - B L> + beta/2 ||W - B L||_F^2;
+- L-step (the paper's Formula (10), with cp.norm1 column constraints):
+      min_L  <pi, W - B L> + beta/2 ||W - B L||_F^2  s.t.  ||L[:, j]||_1 <= 1.
+
+Completing the square, <pi, R> + beta/2 ||R||^2 = 1/2 ||T - sqrt(beta) B L||^2 - ||pi||^2/(2 beta) with
+T = sqrt(beta) (W + pi / beta), so both steps are least-squares models in the parameters T and
+sqrt(beta) L (or sqrt(beta) B), which keeps them DPP (re-solvable without recompiling).
+
+Stopping rule (checked after every outer iteration k, whose inner loop alternates the two steps at most
+`max_inner` times and stops early once the augmented Lagrangian decreases by less than rtol of its
+value): with tau_k = ||W - B L||_F,
+    gamma > 0: converged when tau_k <= gamma (the paper's "tau is sufficiently small");
+    gamma = 0: converged when tau_k <= rtol ||W||_F and |f_k - f_{k-1}| <= rtol f_k, f = ||B||_F^2.
+Otherwise beta doubles every `beta_double_every` iterations and pi <- pi + beta (W - B L), as in the
+paper; the run stops with MAX_ITER at max_outer, STALLED when beta exceeds beta_max, TIME_LIMIT at
+time_limit. Finally B is re-fitted for the returned L by Formula (8) in B alone
+(`build_b_refit`: min ||B||_F^2 s.t. ||W - B L||_F <= gamma, with gamma = rtol ||W||_F in place of 0
+for Formula (7)), so the reported objective is the best B for that L.
+
+Start: seed 000's Lemma 3 decomposition B = sqrt(k) U S, L = V^T / sqrt(k) from the SVD W = U S V^T
+(k = rank W), with r - k extra rows of L drawn from N(0, 1/n) (a zero row of L would stay zero in
+both steps) and L rescaled so that every column has L1 norm <= 1; B0 = W L0^+.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import cvxpy as cp
+import numpy as np
+
+from dpopt.solvers.result import CONVERGED, MAX_ITER, STALLED, TIME_LIMIT, SolverResult
+from dpopt.strategy import Strategy
+from dpopt.validation import as_generator
+from dpopt.workloads import Workload
+from formulations.inputs import workload_matrix
+from formulations.model import Model
+from formulations.solve import DEFAULT_TOL, solve
+
+# Singular values below this fraction of the largest count as zero (rank of W).
+RANK_RTOL = 1e-10
+
+
+def svd_start(W: np.ndarray, r: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Seed 000, Lemma 3 start (B0 = sqrt(k) U S, L0 = V^T / sqrt(k)), padded to r rows; see module doc.
+
+    Returns (B0 (m x r), L0 (r x n)) with max_j ||L0[:, j]||_1 <= 1 and B0 = W L0^+.
+    """
+    _, s, Vt = np.linalg.svd(W, full_matrices=False)
+    k = min(r, int(np.count_nonzero(s > RANK_RTOL * s[0])))
+    extra = rng.normal(scale=1.0 / math.sqrt(W.shape[1]), size=(r - k, W.shape[1]))
+    L0 = np.vstack([Vt[:k] / math.sqrt(k), extra])
+    L0 /= max(1.0, float(np.abs(L0).sum(axis=0).max()))
+    return W @ np.linalg.pinv(L0), L0
+
+
+def build_b_step(W: np.ndarray, r: int) -> Model:
+    """ALM B-step of seed 000 Algorithm 1 (closed form Eq. (9) in the paper), as a CVXPY model.
+
+    Parameters T (m x n) = sqrt(beta)(W + pi/beta) and Ls (r x n) = sqrt(beta) L; variable B (m x r).
+    Minimises 1/2 ||B||_F^2 + 1/2 ||T - B Ls||_F^2.
+    """
+    t0 = time.perf_counter()
+    m, n = W.shape
+    B = cp.Variable((m, r), name="B")
+    T = cp.Parameter((m, n), name="T")
+    Ls = cp.Parameter((r, n), name="Ls")
+    problem = cp.Problem(cp.Minimize(0.5 * cp.sum_squares(B) + 0.5 * cp.sum_squares(T - B @ Ls)))
+    return Model(
+        name="lrm_b_step",
+        problem=problem,
+        variables={"B": B},
+        build_seconds=time.perf_counter() - t0,
+        data={"T": T, "Ls": Ls},
+    )
+
+
+def build_l_step(W: np.ndarray, r: int) -> Model:
+    """ALM L-step of seed 000 Algorithm 1 (Formula (10), solved there by Algorithm 2), as a CVXPY model.
+
+    Parameters T (m x n) = sqrt(beta)(W + pi/beta) and Bs (m x r) = sqrt(beta) B; variable L (r x n).
+    Minimises 1/2 ||T - Bs L||_F^2 s.t. cp.norm1(L, axis=0) <= 1 (every column in the unit L1 ball).
+    """
+    t0 = time.perf_counter()
+    m, n = W.shape
+    L = cp.Variable((r, n), name="L")
+    T = cp.Parameter((m, n), name="T")
+    Bs = cp.Parameter((m, r), name="Bs")
+    problem = cp.Problem(cp.Minimize(0.5 * cp.sum_squares(T - Bs @ L)), [cp.norm1(L, axis=0) <= 1])
+    return Model(
+        name="lrm_l_step",
+        problem=problem,
+        variables={"L": L},
+        build_seconds=time.perf_counter() - t0,
+        data={"T": T, "Bs": Bs},
+    )
+
+
+def build_b_refit(W: np.ndarray, L: np.ndarray, gamma: float) -> Model:
+    """Formula (8) (Formula (7) when gamma = 0) of seed 000 in B alone, for a fixed L.
+
+    minimise ||B||_F^2 s.t. ||W - B L||_F <= gamma (gamma > 0) or W = B L (gamma = 0); variable B (m x r).
+    The exact form is infeasible unless the row space of L contains W's exactly; `fit` uses gamma > 0.
+    """
+    t0 = time.perf_counter()
+    m, r = W.shape[0], L.shape[0]
+    B = cp.Variable((m, r), name="B")
+    fit = [W == B @ L] if gamma == 0 else [cp.norm(W - B @ L, "fro") <= gamma]
+    return Model(
+        name="lrm_b_refit",
+        problem=cp.Problem(cp.Minimize(cp.sum_squares(B)), fit),
+        variables={"B": B},
+        build_seconds=time.perf_counter() - t0,
+        data={"gamma": gamma},
+    )
+
+
+def _check_positive(name: str, value: Any, integer: bool = False) -> None:
+    ok = isinstance(value, (int, np.integer)) if integer else isinstance(value, (int, float))
+    if isinstance(value, bool) or not ok or not math.isfinite(value) or value <= 0:
+        kind = "a positive integer" if integer else "a finite number > 0"
+        raise ValueError(f"{name} must be {kind}, got {value!r}")
+
+
+def fit(
+    workload: Workload | np.ndarray,
+    *,
+    r: int | None = None,
+    gamma: float = 0.0,
+    solver: str = "clarabel",
+    tol: float = DEFAULT_TOL,
+    rtol: float = 1e-6,
+    max_outer: int = 300,
+    max_inner: int = 3,
+    beta0: float = 1.0,
+    beta_double_every: int = 10,
+    beta_max: float = 1e10,
+    seed: int | np.random.Generator | None = 0,
+    start: np.ndarray | None = None,
+    time_limit: float | None = None,
+) -> SolverResult:
+    """LRM Algorithm 1 (seed 000, Section 5) with both blocks solved as CVXPY models; see module doc.
+
+    workload: a dpopt Workload with rows or W (m x n). r: rows of L, default ceil(1.2 rank W) (seed 000,
+    Section 6.1). gamma: absolute bound on ||W - B L||_F (Formula (8)); 0 for Formula (7).
+    solver, tol: passed to `formulations.solve.solve` for every step. seed: randomness of the start's
+    extra rows; start: an explicit L0 (r x n, columns in the unit L1 ball) instead of the SVD start.
+
+    Returns a SolverResult: x = (B (m x r), L (r x n)), fun = ||B||_F^2 after the final refit,
+    nit = outer iterations, ninner = inner alternations, and extra: strategy (a dpopt Strategy: L with
+    the given B and gamma when gamma > 0, else L with least-squares reconstruction), residual
+    ||W - B L||_F, max_col_l1, n_solves, solver and histories (fun, residual, beta per outer iteration).
+    """
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    W, _ = workload_matrix(workload)  # refuses zero workloads, zero columns, NaN and inf
+    m, n = W.shape
+    if not (isinstance(gamma, (int, float)) and math.isfinite(gamma) and gamma >= 0):
+        raise ValueError(f"gamma must be a finite number >= 0, got {gamma!r}")
+    for name, v in (("max_outer", max_outer), ("max_inner", max_inner), ("beta_double_every", beta_double_every)):
+        _check_positive(name, v, integer=True)
+    for name, v in (("rtol", rtol), ("beta0", beta0), ("beta_max", beta_max)):
+        _check_positive(name, v)
+    rank = int(np.linalg.matrix_rank(W))
+    if start is not None:
+        L = np.asarray(start, dtype=float)
+        if L.ndim != 2 or L.shape[1] != n or not np.all(np.isfinite(L)):
+            raise ValueError(f"start must be a finite L0 of shape (r, {n}), got {L.shape}")
+        if np.abs(L).sum(axis=0).max() > 1 + 1e-12:
+            raise ValueError("start L0 must have every column in the unit L1 ball")
+        if r is not None and r != L.shape[0]:
+            raise ValueError(f"start has {L.shape[0]} rows but r = {r}")
+        r = L.shape[0]
+        B = W @ np.linalg.pinv(L)
+    else:
+        r = max(1, math.ceil(1.2 * rank - 1e-9)) if r is None else r
+        _check_positive("r", r, integer=True)
+        B, L = svd_start(W, int(r), as_generator(seed))
+    normW = float(np.linalg.norm(W))
+
+    b_step, l_step = build_b_step(W, r), build_l_step(W, r)
+    pi = np.zeros_like(W)
+    beta = float(beta0)
+    hist: dict[str, list[float]] = {"fun": [], "residual": [], "beta": []}
+    n_solves, ninner, k = 0, 0, 0
+    status, message = MAX_ITER, f"reached max_outer = {max_outer} outer iterations"
+
+    def lagrangian(B: np.ndarray, L: np.ndarray) -> float:
+        R = W - B @ L
+        return 0.5 * float(np.sum(B * B)) + float(np.sum(pi * R)) + 0.5 * beta * float(np.sum(R * R))
+
+    for k in range(1, max_outer + 1):
+        sb = math.sqrt(beta)
+        T = sb * (W + pi / beta)
+        b_step.data["T"].value = T
+        l_step.data["T"].value = T
+        J_prev = lagrangian(B, L)
+        for _ in range(max_inner):
+            b_step.data["Ls"].value = sb * L
+            B = _solve_value(b_step, "B", solver, tol)
+            l_step.data["Bs"].value = sb * B
+            L = _solve_value(l_step, "L", solver, tol)
+            n_solves += 2
+            ninner += 1
+            J = lagrangian(B, L)
+            if J_prev - J <= rtol * max(abs(J), 1.0):
+                break
+            J_prev = J
+        tau = float(np.linalg.norm(W - B @ L))
+        f = float(np.sum(B * B))
+        hist["fun"].append(f)
+        hist["residual"].append(tau)
+        hist["beta"].append(beta)
+        if gamma > 0 and tau <= gamma:
+            status, message = CONVERGED, f"residual {tau:.3g} <= gamma = {gamma:g}"
+            break
+        if gamma == 0 and tau <= rtol * normW and len(hist["fun"]) > 1:
+            if abs(hist["fun"][-2] - f) <= rtol * f:
+                status, message = CONVERGED, f"relative residual {tau / normW:.3g} and change in ||B||^2 <= {rtol:g}"
+                break
+        if time_limit is not None and time.perf_counter() - wall0 > time_limit:
+            status, message = TIME_LIMIT, f"time limit {time_limit:g} s reached"
+            break
+        if k % beta_double_every == 0:
+            beta *= 2.0
+        if beta > beta_max:
+            status, message = STALLED, f"beta exceeded beta_max = {beta_max:g}"
+            break
+        pi = pi + beta * (W - B @ L)
+
+    # Formula (7) (gamma = 0) is refitted within the stopping tolerance: W = B L exactly is infeasible
+    # in floating point whenever the row space of L holds W only up to rounding.
+    gamma_fit = float(gamma) if gamma > 0 else rtol * normW
+    refit = build_b_refit(W, L, gamma_fit)
+    B = _solve_value(refit, "B", solver, tol)
+    n_solves += 1
+    residual = float(np.linalg.norm(W - B @ L))
+    strategy = Strategy(L, B=B, name="lrm_conic", gamma=gamma_fit)
+    return SolverResult(
+        x=(B, L),
+        fun=float(np.sum(B * B)),
+        status=status,
+        message=message,
+        nit=k,
+        wall_seconds=time.perf_counter() - wall0,
+        cpu_seconds=time.process_time() - cpu0,
+        ninner=ninner,
+        extra={
+            "strategy": strategy,
+            "residual": residual,
+            "max_col_l1": float(np.abs(L).sum(axis=0).max()),
+            "rank": r,
+            "gamma": float(gamma),
+            "n_solves": n_solves,
+            "solver": solver,
+            "history": hist,
+        },
+    )
+
+
+def _solve_value(model: Model, name: str, solver: str, tol: float) -> np.ndarray:
+    """Solve one block and return the value of its variable `name` (raises FormulationError if not optimal)."""
+    solve(model, solver, tol=tol)
+    return np.asarray(model.value(name), dtype=float)

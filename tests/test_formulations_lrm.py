@@ -1,0 +1,113 @@
+"""LRM as alternating CVXPY models (seed 000, Formulas (7)-(10)): each block against an independent computation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dpopt.solvers.l1ball import project_l1_ball_columns
+from dpopt.solvers.lrm import reoptimize_B
+from dpopt.workloads import WRange, WRelated
+from formulations import lrm, mm_pure
+from formulations.solve import solve
+
+
+def _random_problem(seed: int = 0, m: int = 10, n: int = 7, r: int = 5):
+    rng = np.random.default_rng(seed)
+    W = rng.integers(0, 2, size=(m, n)).astype(float)
+    L = project_l1_ball_columns(rng.normal(size=(r, n)))
+    pi = rng.normal(size=(m, n))
+    return rng, W, L, pi
+
+
+def test_b_step_equals_closed_form_eq9():
+    _, W, L, pi = _random_problem()
+    beta = 3.0
+    model = lrm.build_b_step(W, L.shape[0])
+    model.data["T"].value = np.sqrt(beta) * (W + pi / beta)
+    model.data["Ls"].value = np.sqrt(beta) * L
+    solve(model, "clarabel", tol=1e-10)
+    # Seed 000, Eq. (9): B = (beta W L^T + pi L^T)(beta L L^T + I)^{-1}.
+    closed = (beta * W + pi) @ L.T @ np.linalg.inv(beta * L @ L.T + np.eye(L.shape[0]))
+    np.testing.assert_allclose(model.value("B"), closed, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("solver", ["clarabel", "scs"])
+def test_l_step_is_a_fixed_point_of_projected_gradient(solver):
+    rng, W, _, pi = _random_problem(1)
+    beta, r = 2.0, 5
+    B = rng.normal(size=(W.shape[0], r))
+    model = lrm.build_l_step(W, r)
+    T = np.sqrt(beta) * (W + pi / beta)
+    model.data["T"].value = T
+    model.data["Bs"].value = np.sqrt(beta) * B
+    solve(model, solver, tol=1e-10)
+    L = model.value("L")
+    assert np.abs(L).sum(axis=0).max() <= 1 + 1e-7
+    # Optimality of Formula (10): L = Proj(L - eta grad) with the column-wise L1-ball projection
+    # (dpopt.solvers.l1ball, an implementation independent of the conic solvers).
+    Bs = np.sqrt(beta) * B
+    grad = Bs.T @ (Bs @ L - T)
+    eta = 1.0 / np.linalg.norm(Bs, 2) ** 2
+    moved = project_l1_ball_columns(L - eta * grad)
+    assert np.linalg.norm(moved - L) <= 1e-5 * max(1.0, np.linalg.norm(L))
+
+
+def test_l_step_solvers_agree():
+    rng, W, _, pi = _random_problem(2)
+    B = rng.normal(size=(W.shape[0], 5))
+    values = []
+    for solver, tol in (("clarabel", 1e-9), ("scs", 1e-9)):
+        model = lrm.build_l_step(W, 5)
+        model.data["T"].value = W + pi
+        model.data["Bs"].value = B
+        values.append(solve(model, solver, tol=tol).objective)
+    assert values[0] == pytest.approx(values[1], rel=1e-4)
+
+
+@pytest.mark.parametrize("gamma", [0.3, 1.0])
+def test_b_refit_matches_the_ridge_closed_form(gamma):
+    _, W, L, _ = _random_problem(3, r=8)
+    model = lrm.build_b_refit(W, L, gamma)
+    res = solve(model, "clarabel", tol=1e-9)
+    B = model.value("B")
+    assert np.linalg.norm(W - B @ L) <= gamma * (1 + 1e-6)
+    ref = reoptimize_B(W, L, gamma)  # root-finding on the KKT ridge path, no conic solver
+    assert res.objective == pytest.approx(float(np.sum(ref * ref)), rel=1e-5)
+
+
+def test_svd_start_is_feasible_and_exact():
+    W = WRelated(12, 9, 3, seed=4).matrix()
+    B0, L0 = lrm.svd_start(W, 4, np.random.default_rng(0))
+    assert L0.shape == (4, 9) and B0.shape == (12, 4)
+    assert np.abs(L0).sum(axis=0).max() <= 1 + 1e-12
+    np.testing.assert_allclose(B0 @ L0, W, atol=1e-9 * np.abs(W).max())
+
+
+def test_fit_reaches_gamma_and_improves_on_its_start():
+    w = WRange(12, 8, seed=2)
+    W = w.matrix()
+    gamma = 0.1 * float(np.linalg.norm(W))
+    res = lrm.fit(w, gamma=gamma, solver="clarabel", max_outer=120)
+    B, L = res.x
+    assert res.status == "converged", res.message
+    assert res.extra["residual"] <= gamma * (1 + 1e-6)
+    assert res.extra["max_col_l1"] <= 1 + 1e-7
+    assert res.extra["strategy"].supports(W)
+    # Every decomposition with W = B L and unit L1 columns is a feasible eps-DP strategy, so
+    # ||B||_F^2 of the start is at least the relaxation's bound; the fit must beat its own start.
+    B0, L0 = lrm.svd_start(W, res.extra["rank"], np.random.default_rng(0))
+    assert res.fun < float(np.sum(B0 * B0))
+    bound = solve(mm_pure.build(w), "clarabel").objective
+    assert float(np.sum(B0 * B0)) >= bound
+    hist = res.extra["history"]
+    assert len(hist["fun"]) == res.nit and hist["residual"][-1] <= gamma
+
+
+@pytest.mark.slow
+def test_fit_exact_decomposition_is_above_the_eps_dp_bound():
+    w = WRange(12, 8, seed=2)
+    res = lrm.fit(w, gamma=0.0, solver="clarabel", rtol=1e-6, max_outer=400)
+    assert res.status == "converged", res.message
+    bound = solve(mm_pure.build(w), "clarabel").objective
+    assert res.fun >= bound * (1 - 1e-6)
