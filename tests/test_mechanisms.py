@@ -177,6 +177,17 @@ def test_om_refuses_zero_workload():
         OrthogonalMechanism().fit(np.zeros((3, 4)), EPS)
 
 
+def test_om_handles_negative_weights():
+    """Algorithm 2 reads a query's domain as its non-zero cells, so -1 entries (WDiscrete as printed) are fine."""
+    from dpopt.workloads import WDiscrete
+
+    w = WDiscrete(12, 20, seed=1)
+    assert (w.matrix() < 0).any()
+    om = OrthogonalMechanism().fit(w, EPS)
+    assert om.strategy_.unsupported_fraction(w) <= 1e-10
+    assert om.fit_info_.extra["theorem5_rel_diff"] <= 1e-12
+
+
 def test_om_theorem5_only_for_pure_dp():
     om = OrthogonalMechanism().fit(EX1_W, EPS_DELTA)
     with pytest.raises(MechanismError, match="Theorem 5"):

@@ -17,6 +17,11 @@ Support: with gamma = 0 the relative residual ||W - B L||_F / ||W||_F must be <=
 own test); with gamma > 0 the absolute residual must be <= gamma, so a relaxed strategy is accepted
 within gamma only. The lower bound `bound_` is P * SVDB(W) for gamma = 0; for gamma > 0 the mechanism
 answers B L rather than W exactly, so `bound_` is P * SVDB(B L), the bound that applies to its noise.
+
+A solver that stops at its iteration or time cap yields a valid but uncertified strategy: `fit` uses it
+only if it supports the workload, says so in `fit_info_.status` and issues a ConvergenceWarning
+(`on_unconverged="raise"` refuses it instead); a failed solver makes `fit` raise. See
+`dpopt.mechanisms.convergence`.
 """
 
 from __future__ import annotations

@@ -17,6 +17,11 @@ Inference: least squares (`inference="ls"`, the analytic error applies), or non-
 on the measurements (`inference="nnls"`, seed 003): x_hat = argmin_{x >= 0} ||A x - y||, answers W x_hat.
 NNLS is data-dependent and biased; its error is not the analytic one (`expected_error_` remains the
 least-squares error) and `answer_info_` records which inference produced the last answers.
+
+A solver that stops at its iteration or time cap yields a valid but uncertified strategy: `fit` uses it
+only if it supports the workload, says so in `fit_info_.status` and issues a ConvergenceWarning
+(`on_unconverged="raise"` refuses it instead); a failed solver makes `fit` raise. See
+`dpopt.mechanisms.convergence`.
 """
 
 from __future__ import annotations
