@@ -29,6 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
     from dpopt.mechanisms.registry import MECHANISMS
 
     parser = _Parser(prog="dpopt", description="Optimal strategies for linear counting queries under differential privacy.")
+    parser.add_argument("--blas-threads", type=int, default=1, metavar="N",
+                        help="BLAS/OpenMP threads for dense linear algebra (default 1: on small shared "
+                             "machines more threads are often much slower)")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     p = sub.add_parser(
@@ -66,6 +69,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `dpopt` console script."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.blas_threads < 1:
+        parser.error(f"--blas-threads must be >= 1, got {args.blas_threads}")
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(args.blas_threads):
+        return _dispatch(parser, args)
+
+
+def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """Run the chosen subcommand."""
     try:
         if args.command == "compare":
             from dpopt.compare import main_compare
