@@ -189,6 +189,9 @@ def plot_figure(exp: Experiment, summary: pd.DataFrame, path: Path, column: str 
         ax.set_yscale("log")
         if exp.logx:
             ax.set_xscale("log")
+        xs = sorted(set(g["x"]))
+        ax.set_xticks(xs, [f"{v:g}" for v in xs], fontsize=7)
+        ax.minorticks_off()
         ax.set_title(f"{panel}, eps={eps:g}", fontsize=9)
         ax.set_xlabel(exp.xlabel)
         ax.set_ylabel(exp.ylabel if column == "value" else "fit time (s)", fontsize=8)
