@@ -14,8 +14,9 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/dpopt compare --workload allrange:256 --epsilon 1.0 --delta 1e-6
-	$(BIN)/dpopt answer --epsilon 1.0 --workload marginals:1 --mechanism hierarchical --out -
+	$(BIN)/dpopt compare --workload allrange:256 --epsilon 1.0 --delta 1e-6 \
+	    --mechanisms laplace,identity,hierarchical,wavelet,eigen,mm-optimal,om,hdmm
+	$(BIN)/dpopt answer --epsilon 1.0 --delta 1e-6 --workload marginals:1 --mechanism mm-optimal --out -
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow" -p no:cacheprovider
