@@ -125,9 +125,14 @@ def noisy_answers(
     x: np.ndarray,
     rng: np.random.Generator,
     trials: int = 1,
+    B: np.ndarray | sp.spmatrix | None = None,
 ) -> np.ndarray:
-    """Research-mode answers B (A x + z), z ~ Laplace/Gaussian from `rng`; shape (trials, m)."""
-    B = strategy.reconstruct(workload)
+    """Research-mode answers B (A x + z), z ~ Laplace/Gaussian from `rng`; shape (trials, m).
+
+    B defaults to `strategy.reconstruct(workload)`; pass it when answering repeatedly.
+    """
+    if B is None:
+        B = strategy.reconstruct(workload)
     r = strategy.shape[0]
     sens = strategy.sensitivity(privacy.norm)
     z = privacy.sample_noise(sens, trials * r, rng).reshape(trials, r)
@@ -143,23 +148,26 @@ def monte_carlo_error(
     rng: np.random.Generator,
     trials: int = 2000,
     batch: int = 200,
+    rtol: float = 1e-8,
 ) -> pd.DataFrame:
     """Monte Carlo estimate of the total squared error (noise + bias) with its standard error.
 
-    Returns a one-row DataFrame: trials, total_mean, total_se, rmse, per_query_mean_max_abs_dev.
+    Returns a one-row DataFrame: trials, total_mean, total_se, rmse, per_query_mean (array). `rtol` is
+    the support tolerance (a solver's strategy may reproduce W only to its own tolerance).
     """
     workload = as_workload(workload)
-    strategy.check_supports(workload)
+    strategy.check_supports(workload, rtol)
     x = check_finite_vector(x, "data vector x", workload.n)
     if trials < 2:
         raise ValueError(f"trials must be at least 2, got {trials}")
     truth = workload.sparse() @ x
+    B = strategy.reconstruct(workload)
     totals = []
     sq_sum = np.zeros(workload.m)
     done = 0
     while done < trials:
         k = min(batch, trials - done)
-        err = noisy_answers(strategy, workload, privacy, x, rng, k) - truth
+        err = noisy_answers(strategy, workload, privacy, x, rng, k, B=B) - truth
         totals.append(np.sum(err**2, axis=1))
         sq_sum += np.sum(err**2, axis=0)
         done += k

@@ -192,6 +192,11 @@ class Strategy:
         """Relative residual ||W - B A||_F / ||W||_F (least-squares B via W^T W when B is not given)."""
         workload = as_workload(workload)
         self._check_cells(workload)
+        if self.B is not None and self.B.shape[0] != workload.m:
+            raise StrategyError(
+                f"reconstruction B of {self.name} answers {self.B.shape[0]} queries but workload "
+                f"{workload.name} has {workload.m}; a factorisation strategy answers only its own workload"
+            )
         G = workload.gram()
         trG = float(np.trace(G))
         if trG == 0.0:

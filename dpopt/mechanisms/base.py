@@ -88,6 +88,7 @@ class Mechanism(ABC):
         self.workload_ = workload
         self.privacy_ = privacy
         self.strategy_ = strategy
+        self._reconstruction = None  # B, computed on the first answer() and reused
         self.expected_error_ = expected_error(strategy, workload, privacy, rtol=self.support_rtol)
         self.bound_ = lower_bound(workload, privacy)
         self.fit_info_ = FitInfo(
@@ -116,7 +117,9 @@ class Mechanism(ABC):
         if not isinstance(rng, np.random.Generator):
             raise MechanismError(f"{self.short_name}: rng must be a numpy.random.Generator (research mode)")
         x = check_finite_vector(x, "data vector x", self.workload_.n)
-        return noisy_answers(self.strategy_, self.workload_, self.privacy_, x, rng, 1)[0]
+        if getattr(self, "_reconstruction", None) is None:
+            self._reconstruction = self.strategy_.reconstruct(self.workload_)
+        return noisy_answers(self.strategy_, self.workload_, self.privacy_, x, rng, 1, B=self._reconstruction)[0]
 
     def expected_error(self, workload: Workload | np.ndarray | None = None) -> ErrorReport:
         """Exact expected error of the fitted strategy on `workload` (default: the fitted workload)."""
