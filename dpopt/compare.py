@@ -72,7 +72,7 @@ def format_table(df: pd.DataFrame, fmt: str) -> str:
         return df.to_csv(index=False)
     view = df[COLUMNS].copy()
     if fmt == "markdown":
-        return view.to_markdown(index=False) if _has_tabulate() else view.to_string(index=False)
+        return view.to_markdown(index=False)
     if fmt == "table":
         return view.to_string(
             index=False,
@@ -86,14 +86,6 @@ def format_table(df: pd.DataFrame, fmt: str) -> str:
             },
         )
     raise ValueError(f"unknown format {fmt!r}; expected table, markdown, csv or json")
-
-
-def _has_tabulate() -> bool:
-    try:
-        import tabulate  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def plot_comparison(df: pd.DataFrame, path: str) -> None:
