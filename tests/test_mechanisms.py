@@ -34,28 +34,7 @@ EPS_DELTA = Privacy(1.0, 1e-6)
 MC_TRIALS = 2000
 MC_SIGMAS = 4.0
 
-# Seed 001, Example 1 (Section 4.2), as printed.
-EX1_W = np.array(
-    [
-        [0.3657, 0, 0.9812, 0],
-        [0, 0.0645, 0, 0],
-        [0, 0.5879, 0.7602, 0],
-        [0, 0, 0, 0.7310],
-        [0, 0.7313, 0, 0],
-        [0, 0, 0.7122, 0.9053],
-    ]
-)
-EX1_W_TILDE = np.eye(4)[[1, 2, 0, 3]]
-EX1_B = np.array(
-    [
-        [0, 0.9812, 0.3657, 0],
-        [0.0645, 0, 0, 0],
-        [0.5879, 0.7602, 0, 0],
-        [0, 0, 0, 0.7310],
-        [0.7313, 0, 0, 0],
-        [0, 0.7122, 0, 0.9053],
-    ]
-)
+from paper_matrices import EX1_B, EX1_W, EX1_W_TILDE  # noqa: E402
 
 
 def paper_workloads():

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
+from paper_matrices import EX1_B, EX1_W, EX1_W_TILDE  # noqa: E402
 
 from dpopt.error import expected_error
 from dpopt.privacy import Privacy
@@ -23,29 +24,6 @@ from dpopt.solvers.orthogonal import (
     w_tau_matrix,
 )
 from dpopt.strategy import Strategy
-
-# Seed 001, Example 1 (Section 4.2), as printed.
-EX1_W = np.array(
-    [
-        [0.3657, 0, 0.9812, 0],
-        [0, 0.0645, 0, 0],
-        [0, 0.5879, 0.7602, 0],
-        [0, 0, 0, 0.7310],
-        [0, 0.7313, 0, 0],
-        [0, 0, 0.7122, 0.9053],
-    ]
-)
-EX1_W_TILDE = np.array([[0, 1, 0, 0], [0, 0, 1, 0], [1, 0, 0, 0], [0, 0, 0, 1]], dtype=float)
-EX1_B = np.array(
-    [
-        [0, 0.9812, 0.3657, 0],
-        [0.0645, 0, 0, 0],
-        [0.5879, 0.7602, 0, 0],
-        [0, 0, 0, 0.7310],
-        [0.7313, 0, 0, 0],
-        [0, 0.7122, 0, 0.9053],
-    ]
-)
 
 
 def _match_rows(W_tilde: np.ndarray, ref: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -4,19 +4,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from paper_matrices import EX1_B as OM_B  # noqa: E402
+from paper_matrices import EX1_W as OM_W  # noqa: E402
+from paper_matrices import EX1_W_TILDE as OM_WT  # noqa: E402
+from paper_matrices import LRM_A, LRM_B, LRM_W  # noqa: E402
 
 from dpopt.baselines import identity_strategy, workload_strategy
 from dpopt.error import expected_error
 from dpopt.privacy import Privacy
 from dpopt.strategy import Strategy
 from dpopt.workloads import ExplicitWorkload
-
-# Seed 000, Section 1: cells (NY, NJ, CA, WA); q1 = 2 NJ + CA + WA, q2 = NJ + 2 WA, q3 = NY + 2 CA + 2 WA.
-LRM_W = np.array([[0, 2, 1, 1], [0, 1, 0, 2], [1, 0, 2, 2]], dtype=float)
-# The strategy shown there measures NJ, WA, q1' = NY/3 + CA and q2' = 2 NY / 3 ...
-LRM_A = np.array([[0, 1, 0, 0], [0, 0, 0, 1], [1 / 3, 0, 1, 0], [2 / 3, 0, 0, 0]])
-# ... and answers q1 = q1' + 2 NJ + WA - q2'/2, q2 = NJ + 2 WA, q3 = 2 q1' + 2 WA + q2'/2.
-LRM_B = np.array([[2, 1, 1, -0.5], [1, 2, 0, 0], [0, 2, 2, 0.5]])
 
 
 @pytest.mark.parametrize("eps", [1.0, 0.1])
@@ -37,28 +34,6 @@ def test_lrm_section1_example(eps):
     assert workload_strategy(w).sens1 == pytest.approx(5.0)
 
 
-# Seed 001, Example 1.
-OM_W = np.array(
-    [
-        [0.3657, 0, 0.9812, 0],
-        [0, 0.0645, 0, 0],
-        [0, 0.5879, 0.7602, 0],
-        [0, 0, 0, 0.7310],
-        [0, 0.7313, 0, 0],
-        [0, 0, 0.7122, 0.9053],
-    ]
-)
-OM_WT = np.array([[0, 1, 0, 0], [0, 0, 1, 0], [1, 0, 0, 0], [0, 0, 0, 1]], dtype=float)
-OM_B = np.array(
-    [
-        [0, 0.9812, 0.3657, 0],
-        [0.0645, 0, 0, 0],
-        [0.5879, 0.7602, 0, 0],
-        [0, 0, 0, 0.7310],
-        [0.7313, 0, 0, 0],
-        [0, 0.7122, 0, 0.9053],
-    ]
-)
 
 
 def test_om_example1():
