@@ -164,7 +164,9 @@ def write_tables(df: pd.DataFrame, args: argparse.Namespace) -> None:
         "",
         "Workloads: AllRange(n) for mm_approx / mm_pure / eigen_design / appendix_b; WRange(n, n) for "
         "per_query and lrm (see the module docstring). Times in seconds (median of the runs), memory in MB "
-        "(child maxrss: peak, and growth over the baseline after imports and a warm-up solve).",
+        "(child maxrss: peak, and growth over the baseline after imports and a warm-up solve). The same "
+        "`tol` means different things to the two solvers (SCS: eps_abs = eps_rel on its residuals; Clarabel: "
+        "gap and feasibility tolerances); lrm times are the whole alternation (many solves).",
         "",
         "## Largest n solved within the budget",
         "",
@@ -176,7 +178,8 @@ def write_tables(df: pd.DataFrame, args: argparse.Namespace) -> None:
         largest.append({
             "model": model, "solver": solver,
             "largest n": int(good["n"].max()) if len(good) else None,
-            "stopped at": f"n = {int(stop['n'].min())} ({stop.iloc[0]['status']})" if len(stop) else "-",
+            "stopped at": (f"n = {int(stop['n'].min())} ({stop.iloc[0]['status']})" if len(stop)
+                           else "not reached (largest n tried)"),
         })
     lines += [_md(pd.DataFrame(largest)), "", "## Per run", ""]
     cols = ["model", "solver", "n", "status", "build_seconds", "solve_seconds", "solve_cpu_seconds",
