@@ -23,7 +23,8 @@ CLARABEL_TOL = 1e-6
 SCS_TOL = 1e-9  # tightened from SCS's default 1e-4
 # SCS converges slowly on per_query (e.g. WidthK(8, 2): 1,500 iterations at 1e-6, 56,000 at 1e-7 and
 # no convergence within 200,000 at 1e-8, while Clarabel agrees with the 1e-6 run to 2e-6).
-SCS_TOL_MODEL = {"per_query": 1e-6}
+# Likewise on appendix_b from n = 32 on (no convergence within 200,000 iterations at 1e-9).
+SCS_TOL_MODEL = {"per_query": 1e-6, "appendix_b": 1e-6}
 GAUSS = Privacy(1.0, 1e-6)
 REFERENCE = Path(__file__).resolve().parents[1] / ".." / "shared" / "reference" / "hdmm-oned.csv"
 
@@ -332,6 +333,7 @@ def test_sdp_against_hdmm_table_n128(wname):
     w = {"all-range": AllRange(128), "prefix": Prefix(128), "width32": WidthK(128, 32)}[wname]
     res = solve(mm_approx.build(w), "scs", tol=1e-7)
     rmse = math.sqrt(res.objective / w.m)
-    assert math.sqrt(svd_bound_from_gram(w.gram()) / w.m) == pytest.approx(row["SVDB"], rel=1e-9)
+    assert math.sqrt(svd_bound_from_gram(w.gram()) / w.m) == pytest.approx(row["SVDB"], rel=1e-7)
     # The optimum lies between the SVD bound and the Newton-method strategy the table reports.
     assert row["SVDB"] <= rmse <= row["YuanConvex"] * (1 + 1e-6)
+    print(f"{wname}(128): SVDB {row['SVDB']:.5f} <= SDP optimum {rmse:.5f} <= YuanConvex {row['YuanConvex']:.5f}")
