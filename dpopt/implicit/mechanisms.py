@@ -107,34 +107,17 @@ class HDMMMechanism(Mechanism):
             raise MechanismError(f"{self.short_name}: a marginal strategy answers marginal workloads only")
         return self.strategy_.expected_error(w, self.privacy_)  # type: ignore[arg-type]
 
+    def _comparison_bound(self) -> float:
+        """P * SVDB like every other mechanism; the selection's certified bound is reported beside it."""
+        return self.privacy_.variance_factor * self.workload_.error_lower_bound()[0]
+
+    def _strategy_rank(self) -> int:
+        return _rank(self.strategy_)
+
     def record(self) -> dict[str, Any]:
-        """The same keys as every mechanism's record, computed through the factors."""
-        self._check_fitted()
-        err, info = self.expected_error_, self.fit_info_
-        # `bound` is P * SVDB for every mechanism in a comparison; the selection's own (possibly
-        # tighter, certified) bound is kept beside it.
-        bound = self.privacy_.variance_factor * self.workload_.error_lower_bound()[0]
-        return {
-            "mechanism": self.short_name,
-            "workload": self.workload_.name,
-            "epsilon": self.privacy_.epsilon,
-            "delta": self.privacy_.delta,
-            "noise": self.privacy_.noise,
-            "calibration": self.privacy_.convention,
-            "strategy_rows": self.strategy_.shape[0],
-            "strategy_rank": _rank(self.strategy_),
-            "sensitivity": err.sensitivity,
-            "expected_total_error": err.total,
-            "rmse": err.rmse,
-            "bound": bound,
-            "ratio_to_bound": err.total / bound if bound > 0 and math.isfinite(bound) else math.nan,
-            "fit_seconds": info.wall_seconds,
-            "fit_cpu_seconds": info.cpu_seconds,
-            "solver": info.solver,
-            "status": info.status,
-            "iterations": info.iterations,
-            "gap": info.gap,
-            "certified_bound": self.bound_,
-            "certified_bound_kind": info.message,
-        }
+        """The shared record keys, computed through the factors, plus the certified bound."""
+        rec = super().record()
+        rec["certified_bound"] = self.bound_
+        rec["certified_bound_kind"] = self.fit_info_.message
+        return rec
 

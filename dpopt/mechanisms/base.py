@@ -127,11 +127,19 @@ class Mechanism(ABC):
         w = self.workload_ if workload is None else as_workload(workload)
         return expected_error(self.strategy_, w, self.privacy_, rtol=self.support_rtol)
 
+    def _comparison_bound(self) -> float:
+        """The bound reported in comparison records: P * SVDB (the same for every mechanism)."""
+        return self.bound_
+
+    def _strategy_rank(self) -> int:
+        """Rank of the fitted strategy, for comparison records."""
+        return self.strategy_.rank
+
     def record(self) -> dict[str, Any]:
         """One flat record for comparison tables and JSON (keys documented in `dpopt compare --help`)."""
         self._check_fitted()
         err, info = self.expected_error_, self.fit_info_
-        bound = self.bound_
+        bound = self._comparison_bound()
         return {
             "mechanism": self.short_name,
             "workload": self.workload_.name,
@@ -140,7 +148,7 @@ class Mechanism(ABC):
             "noise": self.privacy_.noise,
             "calibration": self.privacy_.convention,
             "strategy_rows": self.strategy_.shape[0],
-            "strategy_rank": self.strategy_.rank,
+            "strategy_rank": self._strategy_rank(),
             "sensitivity": err.sensitivity,
             "expected_total_error": err.total,
             "rmse": err.rmse,
