@@ -3,7 +3,9 @@
 Conventions (every report carries them):
 - total: expected total squared error of the noise, E ||B z||^2 = var * sens^2 * ||B||_F^2 with
   B = W A^+ for matrix-mechanism strategies, where ||W A^+||_F^2 = trace(W^T W (A^T A)^+);
-- per_query: the variance of each query's answer (None when the workload has no listable rows);
+- per_query: the variance of each query's answer (None when the workload has no listable rows),
+  computed on first access: for a least-squares strategy it costs an n x n inverse and an m x n
+  product, more than the total itself, and most callers only need the total;
 - rmse: sqrt(total / m);
 - bias_sq: for relaxed strategies (W != B A), the data-dependent term ||(W - B A) x||^2 (LRM Theorem 3),
   reported separately and only when x is given.
@@ -12,7 +14,8 @@ Conventions (every report carries them):
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 import pandas as pd
@@ -38,15 +41,23 @@ class ErrorReport:
     sensitivity_norm: int
     noise: str
     convention: str
-    per_query: np.ndarray | None = None
     bias_sq: float | None = None
     log10_total: float | None = None
+    per_query_values: np.ndarray | None = field(default=None, repr=False)
+    per_query_fn: Callable[[], np.ndarray] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def per_query(self) -> np.ndarray | None:
+        """Variance of each query's answer (m,), computed once on first access; None without rows."""
+        if self.per_query_values is None and self.per_query_fn is not None:
+            self.per_query_values = np.asarray(self.per_query_fn(), dtype=float)
+            self.per_query_fn = None
+        return self.per_query_values
 
     def as_dict(self) -> dict[str, object]:
         """Scalar fields only (per-query variances dropped), for tables and JSON."""
-        d = asdict(self)
-        d.pop("per_query")
-        return d
+        skip = {"per_query_values", "per_query_fn"}
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
 
 
 def _row_sq_norms(B: np.ndarray | sp.spmatrix) -> np.ndarray:
@@ -65,6 +76,13 @@ def unit_error(strategy: Strategy, workload: Workload) -> float:
     if L is not None:  # full column rank: X^+ = X^{-1} through the Cholesky factor
         return float(np.trace(sla.cho_solve((L, True), G)))
     return float(np.einsum("ij,ji->", G, strategy.gram_pinv()))
+
+
+def _ls_query_variances(strategy: Strategy, workload: Workload, var: float) -> np.ndarray:
+    """Seed 004 Prop. 3.3 per query: var * w_i^T (A^T A)^+ w_i for every row w_i of W (m,)."""
+    W = workload.sparse()
+    WXp = np.asarray(W @ strategy.gram_pinv())
+    return var * np.asarray(W.multiply(WXp).sum(axis=1)).ravel()
 
 
 def expected_error(
@@ -87,13 +105,12 @@ def expected_error(
     )
     total = _scaled(var * unit, workload.gram_log_scale if strategy.B is None else 0.0)
     m = workload.m
-    per_query = None
+    per_query_fn = None
     if strategy.B is not None:
-        per_query = var * _row_sq_norms(strategy.B)
+        B = strategy.B
+        per_query_fn = lambda: var * _row_sq_norms(B)  # noqa: E731
     elif workload.has_rows:
-        W = workload.sparse()
-        WXp = np.asarray(W @ strategy.gram_pinv())
-        per_query = var * np.asarray(W.multiply(WXp).sum(axis=1)).ravel()
+        per_query_fn = lambda: _ls_query_variances(strategy, workload, var)  # noqa: E731
     bias_sq = None
     if x is not None:
         x = check_finite_vector(x, "data vector x", workload.n)
@@ -112,7 +129,7 @@ def expected_error(
         sensitivity_norm=privacy.norm,
         noise=privacy.noise,
         convention=privacy.convention,
-        per_query=per_query,
+        per_query_fn=per_query_fn,
         bias_sq=bias_sq,
         log10_total=log10_total,
     )
