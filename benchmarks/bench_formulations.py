@@ -1,11 +1,19 @@
 """Where the conic reference stops: build time, solve time and peak memory of every formulation as n grows.
 
 For each model of `formulations/` and each solver (Clarabel, SCS), domain sizes n = 8, 16, 32, 48, 64,
-96, 128, ... are run in increasing order, each in its own subprocess (native solvers allocate outside
-Python, so peak memory is the child's resource.getrusage maxrss, reported both as the peak and as the
-growth over the child's baseline after imports and a warm-up solve). A run that exceeds the time budget
-(`--budget`, default 600 s, wall clock including build) is stopped and ends that (model, solver) row; the
-largest n solved within the budget is the "where it stops" line that hand-written solvers must pass.
+96, 128, ..., 1024 are run in increasing order (size by size across all pairs), each in its own
+subprocess and process group (native solvers allocate outside Python, so peak memory is the child's
+resource.getrusage maxrss, reported both as the peak and as the growth over the child's baseline after
+imports and a warm-up solve). A run that exceeds the time budget (`--budget`, default 600 s, wall clock
+including imports and build) is killed and ends that (model, solver) row, as does a run that exceeds the
+address-space cap (`--mem-limit-gb`, default 10, protecting the shared machine) or crashes; the largest n
+solved within the budget is the "where it stops" line that hand-written solvers must pass.
+
+`--resume` keeps the rows of the existing CSV that remain valid (successes at the same tol; failures
+measured with at least this budget) and runs only what is missing. `--deadline HH:MM` (UTC) bounds the
+whole sweep: a run is given min(budget, time left), one stopped by the deadline is recorded as
+"session_budget", and pairs not reached are recorded "not_run"; the table then says "not run past n = X:
+session budget" for them instead of a largest n.
 
 Workloads: AllRange(n) for the total-error models (mm_approx, mm_pure with triangle cuts,
 eigen_design, appendix_b); WRange(n, n) (m = n random ranges, seed 0) for per_query (bounds
@@ -14,7 +22,8 @@ c_i = ||w_i||^2 U(0.5, 1.5), seed 0; the model has one block per query) and for 
 every model; BLAS limited to one thread. Times are medians of `--repeats` runs for runs under
 `--repeat-below` seconds (one run otherwise); the table gives SCS / Clarabel ratios side by side.
 
-    .venv/bin/python -m benchmarks.bench_formulations [--budget 600] [--quick] [--models ...] [--solvers ...]
+    .venv/bin/python -m benchmarks.bench_formulations [--budget 600] [--resume] [--deadline HH:MM]
+        [--quick] [--models ...] [--solvers ...] [--sizes ...] [--mem-limit-gb 10]
 
 writes benchmarks/results/formulations.csv and benchmarks/results/formulations.md.
 """
@@ -23,9 +32,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import resource
+import signal
 import subprocess
 import sys
 import time
@@ -37,7 +48,7 @@ import pandas as pd
 RESULTS = Path(__file__).resolve().parent / "results"
 MODELS = ("mm_approx", "eigen_design", "appendix_b", "mm_pure", "per_query", "lrm")
 SOLVERS = ("clarabel", "scs")
-SIZES = (8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+SIZES = (8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
 QUICK_SIZES = (8, 16, 32, 48, 64)
 
 
@@ -100,33 +111,70 @@ def child(model: str, solver: str, n: int, tol: float) -> dict:
     return row
 
 
-def run_once(model: str, solver: str, n: int, tol: float, budget: float) -> dict:
-    """Run `child` in a subprocess with a wall-clock budget; a timeout or crash becomes a status."""
+def _limit_memory(limit_bytes: int) -> None:
+    """In the child before exec: cap its address space so a run that would exhaust the shared machine fails."""
+    resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
+
+
+_MEMORY_MARKERS = ("MemoryError", "memory allocation of", "Cannot allocate memory", "std::bad_alloc",
+                   "Unable to allocate")
+
+
+def run_once(model: str, solver: str, n: int, tol: float, timeout: float, mem_limit_gb: float,
+             session_capped: bool = False) -> dict:
+    """Run `child` in its own process group with a wall-clock timeout and an address-space cap.
+
+    timeout: seconds (wall, including imports and build); when it is reached the whole process group is
+    killed (SIGKILL) and the row gets status "budget_exceeded", or "session_budget" when the timeout was
+    shortened by the session deadline (`session_capped`), i.e. the run was stopped before its budget.
+    A child that dies from the memory cap gets status "memory_limit"; any other crash "error: <last line>".
+    """
     cmd = [sys.executable, "-m", "benchmarks.bench_formulations", "--child", model, solver, str(n), str(tol)]
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    base = {"model": model, "solver": solver, "n": n, "tol": tol}
+    limit = int(mem_limit_gb * 2**30)
     t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            cwd=Path(__file__).resolve().parents[1], start_new_session=True,
+                            preexec_fn=(lambda: _limit_memory(limit)) if limit > 0 else None)
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=budget, env=env,
-                             cwd=Path(__file__).resolve().parents[1])
+        stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        return {"model": model, "solver": solver, "n": n, "tol": tol, "status": "budget_exceeded",
-                "wall_total": time.perf_counter() - t0}
-    if out.returncode != 0:
-        last = (out.stderr.strip().splitlines() or ["?"])[-1]
-        return {"model": model, "solver": solver, "n": n, "tol": tol, "status": f"error: {last[:120]}",
-                "wall_total": time.perf_counter() - t0}
-    row = json.loads(out.stdout.strip().splitlines()[-1])
-    row["wall_total"] = time.perf_counter() - t0
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.communicate()
+        status = "session_budget" if session_capped else "budget_exceeded"
+        return {**base, "status": status, "wall_total": time.perf_counter() - t0}
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        if any(m in stderr for m in _MEMORY_MARKERS) or proc.returncode == -signal.SIGABRT:
+            status = f"memory_limit ({mem_limit_gb:g} GB)"
+        else:
+            status = "error: " + (stderr.strip().splitlines() or ["?"])[-1][:120]
+        return {**base, "status": status, "wall_total": wall}
+    row = json.loads(stdout.strip().splitlines()[-1])
+    row["wall_total"] = wall
     return row
 
 
 def measure(model: str, solver: str, n: int, tol: float, budget: float, repeats: int,
-            repeat_below: float) -> dict:
-    """Median over repeats of the timing fields (one run when the first is slower than repeat_below)."""
-    first = run_once(model, solver, n, tol, budget)
+            repeat_below: float, mem_limit_gb: float, deadline: float | None) -> dict:
+    """Median over repeats of the timing fields (one run when the first is slower than repeat_below).
+
+    deadline: time.time() after which no run may continue (None: none); a run's timeout is
+    min(budget, seconds left), and a run stopped by the deadline is marked "session_budget".
+    """
+
+    def once() -> dict:
+        left = math.inf if deadline is None else deadline - time.time()
+        return run_once(model, solver, n, tol, min(budget, left), mem_limit_gb, session_capped=left < budget)
+
+    first = once()
     if "solve_seconds" not in first or first["solve_seconds"] > repeat_below or repeats <= 1:
         return {**first, "runs": 1}
-    rows = [first] + [run_once(model, solver, n, tol, budget) for _ in range(repeats - 1)]
+    rows = [first] + [once() for _ in range(repeats - 1)]
     rows = [r for r in rows if "solve_seconds" in r]
     med = dict(rows[0])
     for key in ("build_seconds", "compile_seconds", "solver_seconds", "solve_seconds",
@@ -134,6 +182,30 @@ def measure(model: str, solver: str, n: int, tol: float, budget: float, repeats:
         med[key] = float(np.median([r[key] for r in rows]))
     med["runs"] = len(rows)
     return med
+
+
+SUCCESS = ("optimal", "converged")
+
+
+def resumable(path: Path, tol: float, budget: float) -> pd.DataFrame:
+    """Rows of an earlier CSV that stay valid for this invocation (same tol).
+
+    Kept: successes (a run that finished within a smaller budget also finishes within this one) and
+    failures measured with a budget at least this large (or that are not budget-related, such as the
+    memory cap or an error). Dropped, hence re-run: runs stopped by a smaller or unrecorded budget and
+    runs stopped by a session deadline.
+    """
+    if not path.exists():
+        return pd.DataFrame()
+    old = pd.read_csv(path)
+    if "budget" not in old:
+        old["budget"] = np.nan
+    if "measured" not in old:
+        old["measured"] = "earlier run"
+    old = old[np.isclose(old["tol"].astype(float), tol)]
+    timed_out = old["status"].isin(["budget_exceeded", "session_budget"])
+    stopped_early = timed_out & ~(old["budget"].astype(float) >= budget)
+    return old[~stopped_early & ~(old["status"] == "not_run")].reset_index(drop=True)
 
 
 def _md(df: pd.DataFrame) -> str:
@@ -150,17 +222,52 @@ def _md(df: pd.DataFrame) -> str:
     return "\n".join([head, rule, *body])
 
 
+def _largest(df: pd.DataFrame) -> pd.DataFrame:
+    """Per (model, solver): largest n solved within the budget and why the sweep stopped."""
+    out = []
+    for (model, solver), g in df.groupby(["model", "solver"], sort=False):
+        g = g.sort_values("n")
+        good = g[g["status"].isin(SUCCESS)]
+        stop = g[~g["status"].isin(SUCCESS)]
+        last = int(good["n"].max()) if len(good) else None
+        if not len(stop):
+            why = "not reached (largest n of the grid)"
+        else:
+            first = stop.iloc[0]
+            if first["status"] in ("session_budget", "not_run"):
+                why = (f"not run past n = {last}: session budget" if last is not None
+                       else "not run: session budget")
+                if first["status"] == "session_budget":
+                    why += f" (n = {int(first['n'])} stopped after {first['wall_total']:.0f} s)"
+            else:
+                why = f"n = {int(first['n'])} ({first['status']})"
+        out.append({"model": model, "solver": solver, "largest n": last, "stopped at": why})
+    return pd.DataFrame(out)
+
+
 def write_tables(df: pd.DataFrame, args: argparse.Namespace) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
-    df.to_csv(RESULTS / "formulations.csv", index=False)
+    order = {m: i for i, m in enumerate(MODELS)}
+    df = df.assign(_o=df["model"].map(order)).sort_values(["_o", "solver", "n"]).drop(columns="_o")
+    df.to_csv(args.out.with_suffix(".csv"), index=False)
     ok = df[df["status"].isin(["optimal", "optimal_inaccurate", "converged", "user_limit"])]
+    budgets = sorted({f"{b:g}" for b in df["budget"].dropna()})
     lines = [
         "# Conic reference models: cost as n grows",
         "",
-        f"Command: `.venv/bin/python -m benchmarks.bench_formulations {' '.join(sys.argv[1:])}`",
-        f"Machine: {platform.platform()}, {os.cpu_count()} CPUs (shared), python {platform.python_version()}, "
-        f"load average at start {args.load_at_start}; BLAS 1 thread; solver tolerance {args.tol:g}; "
-        f"budget {args.budget:g} s per run.",
+        f"Command: `.venv/bin/python -m benchmarks.bench_formulations {' '.join(args.argv)}`",
+        f"Machine: {platform.platform()}, {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs "
+        f"(shared with other users), {_mem_total_gb():.0f} GB RAM, python {platform.python_version()}; "
+        f"load average (1, 5, 15 min) at start {args.load_at_start}, at this write "
+        f"{', '.join(f'{x:.1f}' for x in os.getloadavg())}; started {args.started_utc} UTC, "
+        f"written {time.strftime('%H:%M', time.gmtime())} UTC.",
+        f"One solve at a time, BLAS 1 thread; solver tolerance {args.tol:g}; budget {args.budget:g} s per run "
+        f"(wall, including imports and build; a run over it is killed); address space capped at "
+        f"{args.mem_limit_gb:g} GB per run"
+        + (f"; session deadline {args.deadline} UTC" if args.deadline else "") + ".",
+        f"Rows resumed from an earlier CSV have `measured` = 'earlier run' (their budget, when recorded, in "
+        f"`budget`; budgets in this file: {', '.join(budgets) or 'none recorded'} s); successes carry over "
+        "to a larger budget, runs stopped by a smaller budget were re-run.",
         "",
         "Workloads: AllRange(n) for mm_approx / mm_pure / eigen_design / appendix_b; WRange(n, n) for "
         "per_query and lrm (see the module docstring). Times in seconds (median of the runs), memory in MB "
@@ -168,28 +275,47 @@ def write_tables(df: pd.DataFrame, args: argparse.Namespace) -> None:
         "`tol` means different things to the two solvers (SCS: eps_abs = eps_rel on its residuals; Clarabel: "
         "gap and feasibility tolerances); lrm times are the whole alternation (many solves).",
         "",
-        "## Largest n solved within the budget",
+        f"## Largest n solved within {args.budget:g} s",
+        "",
+        _md(_largest(df)),
+        "",
+        "## Per run",
         "",
     ]
-    largest = []
-    for (model, solver), g in df.groupby(["model", "solver"], sort=False):
-        good = g[g["status"].isin(["optimal", "converged"])]
-        stop = g[~g["status"].isin(["optimal", "converged"])]
-        largest.append({
-            "model": model, "solver": solver,
-            "largest n": int(good["n"].max()) if len(good) else None,
-            "stopped at": (f"n = {int(stop['n'].min())} ({stop.iloc[0]['status']})" if len(stop)
-                           else "not reached (largest n tried)"),
-        })
-    lines += [_md(pd.DataFrame(largest)), "", "## Per run", ""]
     cols = ["model", "solver", "n", "status", "build_seconds", "solve_seconds", "solve_cpu_seconds",
-            "solver_seconds", "iterations", "peak_mb", "growth_mb", "runs"]
+            "solver_seconds", "iterations", "peak_mb", "growth_mb", "runs", "budget", "measured"]
     lines += [_md(ok[[c for c in cols if c in ok]]), ""]
+    bad = df[~df["status"].isin(["optimal", "optimal_inaccurate", "converged", "user_limit"])]
+    if len(bad):
+        lines += ["## Stopped runs", "", _md(bad[[c for c in ["model", "solver", "n", "status", "wall_total",
+                                                             "budget", "measured"] if c in bad]]), ""]
     piv = ok.pivot_table(index=["model", "n"], columns="solver", values="solve_seconds")
     if {"clarabel", "scs"} <= set(piv.columns):
         piv["scs / clarabel"] = piv["scs"] / piv["clarabel"]
         lines += ["## Solve time side by side (wall seconds)", "", _md(piv.reset_index()), ""]
-    (RESULTS / "formulations.md").write_text("\n".join(lines))
+    args.out.with_suffix(".md").write_text("\n".join(lines))
+
+
+def _mem_total_gb() -> float:
+    try:
+        with open("/proc/meminfo") as f:
+            return int(f.readline().split()[1]) / 2**20
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+
+
+def _deadline(text: str | None) -> float | None:
+    """'HH:MM' (UTC, today, or tomorrow if already past) -> time.time() value; None passes through."""
+    if not text:
+        return None
+    try:
+        hh, mm = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise ValueError(f"--deadline must be HH:MM (UTC), got {text!r}") from None
+    now = time.time()
+    day = now - now % 86400
+    t = day + hh * 3600 + mm * 60
+    return t if t > now else t + 86400
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -204,27 +330,56 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--repeat-below", type=float, default=5.0,
                    help="repeat only runs faster than this many seconds (default 5)")
+    p.add_argument("--mem-limit-gb", type=float, default=10.0,
+                   help="address-space cap per run in GB (default 10; 0 = none)")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the valid rows of the existing CSV and run only what is missing")
+    p.add_argument("--deadline", default=None,
+                   help="HH:MM UTC: stop the sweep then; unfinished pairs are marked 'session budget'")
+    p.add_argument("--out", type=Path, default=RESULTS / "formulations",
+                   help="output stem (writes .csv and .md; default benchmarks/results/formulations)")
     args = p.parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else list(argv)
     if args.child:
         model, solver, n, tol = args.child
         print(json.dumps(child(model, solver, int(n), float(tol)), default=float))
         return
+    if args.budget <= 0:
+        raise ValueError(f"--budget must be positive seconds, got {args.budget}")
     if args.quick:
         args.budget = min(args.budget, 20.0)
-    sizes = args.sizes or (QUICK_SIZES if args.quick else SIZES)
+    sizes = sorted(args.sizes or (QUICK_SIZES if args.quick else SIZES))
+    deadline = _deadline(args.deadline)
     args.load_at_start = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    rows = []
-    for model in args.models:
-        for solver in args.solvers:
-            for n in sizes:
-                row = measure(model, solver, n, args.tol, args.budget, args.repeats, args.repeat_below)
-                rows.append(row)
+    args.started_utc = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
+    old = resumable(args.out.with_suffix(".csv"), args.tol, args.budget) if args.resume else pd.DataFrame()
+    done = {(r["model"], r["solver"], int(r["n"])): r for r in old.to_dict("records")}
+    pairs = [(m, s) for m in args.models for s in args.solvers]
+    # Rows of pairs or sizes this invocation does not touch are carried over unchanged.
+    rows = [r for k, r in done.items() if (k[0], k[1]) not in pairs or k[2] not in sizes]
+    stopped: set[tuple[str, str]] = set()
+    # Size by size across all pairs, so that a session deadline leaves every pair at a comparable frontier.
+    for n in sizes:
+        for model, solver in pairs:
+            if (model, solver) in stopped:
+                continue
+            if (model, solver, n) in done:
+                row = done[(model, solver, n)]
+            elif deadline is not None and deadline - time.time() < 1.0:
+                row = {"model": model, "solver": solver, "n": n, "tol": args.tol, "status": "not_run",
+                       "budget": args.budget, "measured": "not run"}
+            else:
+                row = measure(model, solver, n, args.tol, args.budget, args.repeats, args.repeat_below,
+                              args.mem_limit_gb, deadline)
+                row.update(budget=args.budget, measured=time.strftime("%H:%M UTC", time.gmtime()))
                 print(f"{model:12s} {solver:8s} n={n:4d} {row['status']:18s} "
                       f"solve {row.get('solve_seconds', float('nan')):8.2f}s "
+                      f"wall {row.get('wall_total', float('nan')):8.1f}s "
                       f"peak {row.get('peak_mb', float('nan')):7.0f} MB", flush=True)
-                if row["status"] not in ("optimal", "converged"):
-                    break
-                write_tables(pd.DataFrame(rows), args)
+            rows.append(row)
+            if row["status"] not in SUCCESS:
+                stopped.add((model, solver))
+            write_tables(pd.DataFrame(rows), args)
     write_tables(pd.DataFrame(rows), args)
 
 
