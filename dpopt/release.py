@@ -403,6 +403,8 @@ def release(
     strategy = mechanism_fitted.strategy_
     privacy = mechanism_fitted.privacy_
     workload = mechanism_fitted.workload_
+    if hasattr(mechanism_fitted, "release_view"):  # factored strategies: their dense form
+        strategy, workload = mechanism_fitted.release_view()
     if domain is not None:
         check_domain(workload, domain)
     m, n = workload.shape

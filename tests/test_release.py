@@ -328,3 +328,21 @@ def test_adult_end_to_end_release_then_refusal() -> None:
         release(mech, x, ledger, domain=dom)
     assert _state(ledger) == before
     assert ledger.remaining_epsilon == pytest.approx(0.3)
+
+
+@pytest.mark.parametrize("delta", [0.0, 1e-6])
+def test_release_through_a_factored_hdmm_strategy(small, delta) -> None:
+    # hdmm selects through factors and never holds a dense A; release uses its dense form with the
+    # workload as given (bound to the domain, labelled), and the noise matches the factored error.
+    dom, x = small
+    W = stack_workloads([marginal_workload(dom, ["age"]), marginal_workload(dom, ["sex"])])
+    priv = Privacy(1.0, delta)
+    mech = make_mechanism("hdmm").fit(W, priv)
+    led = PrivacyLedger(1.0, delta, accounting="zcdp" if delta else "basic")
+    if delta:  # one calibrated Gaussian release costs more than a zCDP budget of the same (eps, delta)
+        led = PrivacyLedger(3.0, delta, accounting="zcdp")
+    out = release(mech, x, led, domain=dom)
+    assert out["query"].tolist() == W.row_labels()
+    assert (out["mechanism"] == "hdmm").all()
+    assert float((out["std"] ** 2).sum()) == pytest.approx(mech.expected_error_.total, rel=1e-8)
+    assert np.abs(out["answer"] - W.sparse() @ x).max() < 12 * out["std"].max()

@@ -21,6 +21,7 @@ from dpopt.implicit.union_strategy import UnionKronStrategy
 from dpopt.implicit.workloads import ImplicitWorkload, MarginalsWorkload, as_implicit
 from dpopt.mechanisms.base import FitInfo, Mechanism, MechanismError, Selection
 from dpopt.privacy import Privacy
+from dpopt.strategy import Strategy
 from dpopt.validation import check_finite_vector
 from dpopt.workloads import Workload
 
@@ -59,6 +60,8 @@ class HDMMMechanism(Mechanism):
         except ValueError as exc:
             raise MechanismError(f"{self.short_name}: {exc}") from None
         self.workload_: ImplicitWorkload = w  # type: ignore[assignment]
+        # the workload as given (e.g. bound to a data Domain, with row labels), for release mode
+        self.input_workload_ = workload if isinstance(workload, Workload) else None
         self.privacy_ = privacy
         self.strategy_ = sel.strategy  # type: ignore[assignment]
         self.selection_ = sel
@@ -75,6 +78,22 @@ class HDMMMechanism(Mechanism):
             extra=sel.extra,
         )
         return self
+
+    def release_view(self) -> tuple[Strategy, Workload]:
+        """The fitted strategy as a dense Strategy with the workload as given, for `dpopt.release`.
+
+        Release mode charges and samples through a dense A (small domains only); a union of Kronecker
+        parts, or a domain too large to materialise, is refused with the reason.
+        """
+        self._check_fitted()
+        if isinstance(self.strategy_, UnionKronStrategy):
+            raise MechanismError(f"{self.short_name}: release mode needs a single dense strategy; this "
+                                 "workload selected a union of Kronecker parts")
+        w = self.input_workload_ if self.input_workload_ is not None else self.workload_
+        try:
+            return self.strategy_.to_dense(), w
+        except ValueError as exc:
+            raise MechanismError(f"{self.short_name}: release mode: {exc}") from None
 
     def answer(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Research mode: noisy answers to every workload query, through the factors (m,)."""
