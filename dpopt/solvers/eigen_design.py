@@ -20,6 +20,20 @@ with psi homogeneous of degree 1/2, grad g = M u - 1 and -Hess g = (1/2) M diag(
 (O(n^3), done once) an iteration costs a few matrix-vector products with M, which scales to n = 4096.
 At y = 1 the bound is the SVD bound and u = sqrt(lambda) (the SVD-bound strategy). Since the problem is
 a restriction of seed 002's, its optimum is >= the seed 002 optimum.
+
+Why this algorithm, and the degeneracy it needed removed (measured with benchmarks/bench_eigen_design.py).
+The program has k weights and n cell constraints; an interior-point method (Clarabel on
+`formulations/eigen_design.py` is one) forms and factors a dense n x n system at every iteration,
+O(n^3) each, while the dual Newton-CG iteration costs a few O(n k) products, so after the one
+eigen-decomposition the weights cost less than it. What made the ascent stall (AllRange(2048) stopped
+at gap 1.8e-8, AllRange(4096) crawled for 40 iterations) was the problem, not the method: for a workload
+symmetric under reversing the cells (J G J = G: ranges, sliding windows, their Kronecker products) the
+eigenvectors are symmetric or antisymmetric, the mirrored cells j, n-1-j have the same constraint, and
+the dual depends only on y_j + y_{n-1-j}. A full eigh breaks that symmetry at the 1e-10 level where
+eigenvalues nearly coincide, and the Newton step, cut at y >= 0 in one cell of a pair, made no progress.
+So such G is decomposed in the reflection's two eigenspaces (`_reflection_eigh`: exact pairs, and two
+half-size eigh's, about 4x cheaper), and equal constraint rows are merged (`merge_equal_cells`) before
+the ascent. The certificate is always recomputed on the full, unmerged program.
 """
 
 from __future__ import annotations
@@ -42,6 +56,11 @@ from dpopt.solvers.convex_dp_core import (
 )
 from dpopt.solvers.diag_dual_newton import DualPoint, PrimalPoint, maximise_dual, pcg
 from dpopt.solvers.result import SolverResult, relative_gap
+
+#: Entry-wise tolerance on rows of P o P for two cells to count as the same constraint (`merge_equal_cells`).
+MERGE_ATOL = 1e-13
+#: G counts as symmetric under reversing the cells when max|G - J G J| <= REFLECTION_RTOL * max|G|.
+REFLECTION_RTOL = 1e-13
 
 __all__ = ["solve_eigen_design", "eigen_design_dual_bound", "complete_strategy"]
 
@@ -83,9 +102,52 @@ class EigenDesignDual:
         return PrimalPoint(u / m, m * p.phi, "uniform scaling")
 
 
+def _reflection_eigh(G: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Eigen-decomposition of a G with J G J = G (J reverses the cells) in J's two eigenspaces.
+
+    With h = n // 2, the symmetric vectors are Q_s z = [z_top; (z_mid); J z_top] and the antisymmetric
+    Q_a z = [z; (0); -J z] (scaled to unit norm), and G = Q_s G_s Q_s^T + Q_a G_a Q_a^T, so two
+    eigen-decompositions of size about n / 2 give eigenvectors that are exactly (anti)symmetric: v_i[j]^2
+    and v_i[n-1-j]^2 agree bit for bit, which a full eigh does not give where eigenvalues nearly coincide.
+    Returns eigenvalues (n,) ascending and eigenvectors (n, n) as columns.
+    """
+    n = G.shape[0]
+    h, odd = n // 2, n % 2
+    r = np.sqrt(0.5)
+    top, bot = G[:h], G[n - 1 : n - 1 - h : -1]  # rows j and n-1-j, j < h
+    rows_s, rows_a = r * (top + bot), r * (top - bot)  # Q_s^T G, Q_a^T G without the middle row
+    left, right = slice(0, h), slice(n - 1, n - 1 - h, -1)
+    G_a = r * (rows_a[:, left] - rows_a[:, right])
+    G_s = r * (rows_s[:, left] + rows_s[:, right])
+    if odd:
+        mid = G[h]
+        col = r * (mid[left] + mid[right])  # Q_s^T G e_mid restricted to the top block
+        G_s = np.block([[G_s, col[:, None]], [col[None, :], np.array([[mid[h]]])]])
+    lam_s, E_s = sla.eigh(G_s, driver="evd", check_finite=False)
+    lam_a, E_a = sla.eigh(G_a, driver="evd", check_finite=False) if h else (np.zeros(0), np.zeros((0, 0)))
+    P = np.zeros((n, n))
+    P[:h, : h + odd] = r * E_s[:h]
+    P[n - 1 : n - 1 - h : -1, : h + odd] = r * E_s[:h]
+    if odd:
+        P[h, : h + odd] = E_s[h]
+    P[:h, h + odd :] = r * E_a
+    P[n - 1 : n - 1 - h : -1, h + odd :] = -r * E_a
+    lam = np.concatenate([lam_s, lam_a])
+    order = np.argsort(lam, kind="stable")
+    return lam[order], P[:, order]
+
+
 def _eigen_factor(G: np.ndarray, rank_tol: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Eigenvalues (n,) ascending, eigenvectors (n, n), and the mask of eigenvalues > rank_tol * max."""
-    lam, P = sla.eigh(G, driver="evd", check_finite=False)
+    """Eigenvalues (n,) ascending, eigenvectors (n, n), and the mask of eigenvalues > rank_tol * max.
+
+    If G is symmetric under reversing the cells (J G J = G within REFLECTION_RTOL * max|G|, as for ranges
+    and sliding windows) the eigenvectors come from `_reflection_eigh`.
+    """
+    n = G.shape[0]
+    if n >= 2 and np.max(np.abs(G - G[::-1, ::-1])) <= REFLECTION_RTOL * np.max(np.abs(G)):
+        lam, P = _reflection_eigh(G)
+    else:
+        lam, P = sla.eigh(G, driver="evd", check_finite=False)
     if lam[-1] <= 0.0:
         raise ValueError("G must be positive semidefinite with a positive eigenvalue")
     if lam[0] < -1e-8 * lam[-1]:
@@ -93,6 +155,45 @@ def _eigen_factor(G: np.ndarray, rank_tol: float) -> tuple[np.ndarray, np.ndarra
             f"G must be positive semidefinite (W^T W); smallest eigenvalue {lam[0]:.3e} < -1e-8 * largest"
         )
     return lam, P, lam > rank_tol * lam[-1]
+
+
+def merge_equal_cells(M: np.ndarray, atol: float = MERGE_ATOL) -> tuple[np.ndarray, np.ndarray]:
+    """Cells with the same constraint row of M = P o P (n, k), within atol in every entry.
+
+    Symmetric workloads (AllRange, Prefix-free ranges, WidthK, their Kronecker products) have eigenvectors
+    that are symmetric or antisymmetric under a reflection of the cells, so v_i[j]^2 = v_i[j']^2 for the
+    mirrored cell j' and the two constraints sum_i u_i v_i[j]^2 <= 1 coincide. The dual then depends only
+    on y_j + y_j' and its Hessian is singular along y_j - y_j'; the projected Newton step, cut at y >= 0
+    in one cell of a pair, stops making progress (AllRange(2048) stalled at gap 1.8e-8). Keeping one
+    constraint per group removes that degeneracy without changing the program.
+
+    Candidates are cells with equal keys M @ w (w a fixed vector of distinct weights, no randomness);
+    a cell joins a group only if its whole row is within atol of the group's first row, so a merge is
+    never wrong, only possibly missed. Returns (reps, label): reps (g,) the first cell of each group in
+    ascending order, label (n,) the group index of each cell.
+    """
+    n, k = M.shape
+    w = 1.0 + np.modf(np.arange(1, k + 1) * np.sqrt(2.0))[0]  # distinct weights in [1, 2)
+    key = M @ w
+    order = np.argsort(key, kind="stable")
+    label = np.full(n, -1)
+    reps: list[int] = []
+    open_groups: list[int] = []  # groups whose first key is within reach of the current key
+    for j in order:
+        open_groups = [g for g in open_groups if key[j] - key[reps[g]] <= 2.0 * atol * k]
+        for g in open_groups:
+            if np.max(np.abs(M[j] - M[reps[g]])) <= atol:
+                label[j] = g
+                break
+        else:
+            label[j] = len(reps)
+            open_groups.append(len(reps))
+            reps.append(int(j))
+    reps_arr = np.asarray(reps)
+    first = np.argsort(reps_arr, kind="stable")  # renumber groups by their first cell
+    rank = np.empty_like(first)
+    rank[first] = np.arange(first.size)
+    return reps_arr[first], rank[label]
 
 
 def complete_strategy(A: np.ndarray, V: np.ndarray) -> tuple[np.ndarray, float]:
@@ -141,8 +242,12 @@ def solve_eigen_design(
     active_tol: float = 1e-3,
     damping: float = 1.0,
     complete: bool = True,
+    merge: bool = True,
 ) -> SolverResult:
     """Eigen-design weights (seed 003; Li & Miklau 2012) by dual projected Newton-CG, with a certificate.
+
+    Algorithm and why: module docstring. The eigen-decomposition of G is O(n^3) (half-size pieces when
+    G is symmetric under reversing the cells); each Newton iteration is O(n k) per CG step.
 
     Parameters
     ----------
@@ -156,6 +261,8 @@ def solve_eigen_design(
     rank_tol : eigenvalues below rank_tol * largest are treated as zero (weight 0).
     complete : also evaluate `complete_strategy` (one O(n^3) Cholesky solve; about a fifth of the time at
         n = 4096); if False, extra["completion"] is zeros and extra["completed_fun"] equals fun.
+    merge : solve the dual over one multiplier per group of cells with equal constraint rows
+        (`merge_equal_cells`); False solves over all n cells (the degenerate dual; kept for comparison).
 
     Returns
     -------
@@ -165,7 +272,8 @@ def solve_eigen_design(
     extra["eigenvectors"] (n, n) columns v_i, extra["A"] (k, n) strategy rows sqrt(u_i) v_i^T,
     extra["completion"] (n,) and extra["completed_fun"]: the error after `complete_strategy` (strategy
     [A; diag(sqrt(completion))], no longer an eigen-design but never worse), extra["y"] the cell
-    multipliers of the certificate, extra["history"].
+    multipliers of the certificate (a group's multiplier shared equally by its cells), extra["groups"]
+    the number of distinct constraints the dual was solved over, extra["history"].
     """
     t_wall, t_cpu = time.perf_counter(), time.process_time()
     if not (np.isfinite(tol) and tol > 0):
@@ -179,13 +287,20 @@ def solve_eigen_design(
     G, c = unit_scale(check_gram(G))
     n = G.shape[0]
     lam, P, keep = _eigen_factor(G, rank_tol)
-    problem = EigenDesignDual(lam[keep], P[:, keep] ** 2)
-    out = maximise_dual(problem, np.ones(n), tol=tol, max_iter=max_iter, forcing=forcing, max_cg=max_cg,
-                        active_tol=active_tol, damping=damping, callback=unscaled_callback(callback, c), time_limit=time_limit, t_start=t_wall)
+    M = P[:, keep] ** 2
+    reps, label = merge_equal_cells(M) if merge else (np.arange(n), np.arange(n))
+    problem = EigenDesignDual(lam[keep], M[reps])
+    out = maximise_dual(problem, np.ones(reps.size), tol=tol, max_iter=max_iter, forcing=forcing,
+                        max_cg=max_cg, active_tol=active_tol, damping=damping,
+                        callback=unscaled_callback(callback, c), time_limit=time_limit, t_start=t_wall)
+    # Certificate and weights on the full program: each group's multiplier shared by its cells, the
+    # weights scaled by the largest sensitivity over every cell (merged rows agree only within MERGE_ATOL).
+    y = out.d[label] / np.bincount(label)[label]
+    dual = float(np.sqrt(lam[keep] * (M.T @ y)).sum() ** 2 / y.sum())  # valid at every y >= 0
+    u_keep = out.primal.x / float((M @ out.primal.x).max())
     u = np.zeros(n)
-    u[keep] = out.primal.x
-    fun = float(np.sum(lam[keep] / out.primal.x))
-    dual = out.dual
+    u[keep] = u_keep
+    fun = float(np.sum(lam[keep] / u_keep))
     gap = relative_gap(fun, dual)
     status, message = certified_status(out.status, out.message, gap, tol)
     A = np.sqrt(u[keep])[:, None] * P[:, keep].T
@@ -209,7 +324,8 @@ def solve_eigen_design(
             "A": A,
             "completion": completion,
             "completed_fun": min(completed_fun, fun),
-            "y": out.d,
+            "y": y,
+            "groups": int(reps.size),
             "rank": int(keep.sum()),
             "history": out.history,
         },
