@@ -13,12 +13,19 @@ Where the printed table differs from these readings the test states it:
 - ALLPREDICATE(1024)'s hierarchical and wavelet ratios are printed as 3.464 and 6.292; under the readings
   above the hierarchical strategy gives 6.292 and the wavelet 3.464: the two columns are swapped in print.
 - ALLRANGE(2048)'s hierarchical ratio prints as 1.776; the binary hierarchical strategy gives 1.773.
+- Eigen Design (last column): the eigen-design program (weights on the eigenvectors of W^T W, seed 003),
+  solved to a certified relative gap <= 1e-8, gives 1.061 for ALLRANGE(2048) and 1.190 for
+  ALLRANGE(64, 32). The printed 1.028 and 1.107 are reproduced by Li and Miklau's completion of that
+  strategy (`complete_strategy`: one extra query per cell spends the sensitivity the weighted eigenvectors
+  leave unused), 1.0278 and 1.1071. The gap between 1.061 and 1.028 was the definition, not the solver:
+  the solver converges on both rows, and the numbers agree to all digits shown at gap 1e-6 and 1e-10.
 """
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from dpopt.baselines import (
@@ -29,6 +36,8 @@ from dpopt.baselines import (
 )
 from dpopt.bounds import log10_svd_bound, svd_bound, svd_bound_from_gram
 from dpopt.error import unit_error
+from dpopt.solvers.eigen_design import solve_eigen_design
+from dpopt.strategy import Strategy
 from dpopt.workloads import AllPredicate, AllRange, Workload, all_range_nd
 
 
@@ -86,3 +95,27 @@ def test_allpredicate_1024_row():
     assert sig(ratio(i, w), 4) == pytest.approx(1.884)
     assert sig(ratio(h, w), 4) == pytest.approx(6.292)  # printed under "Wavelet"
     assert sig(ratio(v, w), 4) == pytest.approx(3.464)  # printed under "Hierarchical"
+
+
+@pytest.mark.parametrize(
+    "sizes, eigen, completed",
+    [
+        ([2048], 1.061, 1.028),  # printed 1.028; the solver used to stall here at gap 1.8e-8 > 1e-8
+        pytest.param([64, 32], 1.190, 1.107, marks=pytest.mark.slow),  # printed 1.107
+    ],
+)
+def test_eigen_design_column(sizes, eigen, completed):
+    w = AllRange(sizes[0]) if len(sizes) == 1 else all_range_nd(sizes)
+    G = w.gram()
+    res = solve_eigen_design(G, tol=1e-8)
+    assert res.success and 0.0 <= res.gap <= 1e-8, res.message
+    lam = np.clip(res.extra["eigenvalues"], 0.0, None)
+    svdb = float(np.sqrt(lam).sum() ** 2 / G.shape[0])  # Def. 4.1; the SVDB column is checked above
+    assert sig(res.fun / svdb, 4) == pytest.approx(eigen)  # the converged eigen-design program
+    # The completed strategy [A; diag(sqrt(c))], its error recomputed through Strategy like the other columns.
+    A = np.vstack([res.extra["A"], np.diag(np.sqrt(res.extra["completion"]))])
+    completed_strategy = Strategy(A, name="eigen-design, completed")
+    assert completed_strategy.sens2 == pytest.approx(1.0, rel=1e-9)
+    r = ratio(completed_strategy, w)
+    assert r == pytest.approx(res.extra["completed_fun"] / svdb, rel=1e-8)
+    assert sig(r, 4) == pytest.approx(completed)  # the printed value
