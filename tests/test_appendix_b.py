@@ -8,13 +8,15 @@ import numpy as np
 import pytest
 
 from dpopt.solvers.appendix_b import (
+    RangeSpace,
     objective_parts,
     project_trace_floor,
     smooth_max,
     solve_appendix_b,
     unsmoothed,
 )
-from dpopt.solvers.result import CONVERGED, MAX_ITER
+from dpopt.solvers.result import CONVERGED, MAX_ITER, STALLED
+from dpopt.workloads import WidthK
 
 cp = pytest.importorskip("cvxpy")
 
@@ -106,15 +108,18 @@ def test_trace_term_gradient_matches_finite_differences():
         ("allrange16", all_range(16)),
     ],
 )
-def test_matches_sdp_within_1e_3(name, W):
+def test_matches_sdp_within_certified_gap(name, W):
     G = W.T @ W
     opt = sdp_optimum(G)
     res = solve_appendix_b(G)
     assert res.status == CONVERGED, res.message
-    # Any positive definite M gives a feasible strategy, so F(M) can never beat the optimum.
-    assert res.fun >= opt * (1 - 1e-6)
-    # Smoothing with mu = 1e-3 / log n leaves a bias of about mu (we reach 1e-4 to 3.5e-4).
-    assert (res.fun - opt) / opt <= 1e-3
+    # Any positive definite M gives a feasible strategy, so F(M) can never beat the optimum, and the
+    # dual bound can never exceed it.
+    assert res.fun >= opt * (1 - 1e-7)
+    assert res.dual_bound <= opt * (1 + 1e-7)
+    assert res.gap <= 1e-5
+    # The certificate is a proof: the distance to Clarabel's optimum is within it.
+    assert (res.fun - opt) / opt <= 1e-5 + 1e-7
 
 
 def test_returned_strategy_reproduces_fun():
@@ -142,13 +147,63 @@ def test_identity_workload_keeps_identity():
     assert res.fun == pytest.approx(6.0, rel=1e-9)
 
 
-def test_singular_gram_is_never_below_optimum():
-    W = np.random.default_rng(3).normal(size=(3, 8))  # rank 3 < n = 8: optimum on the boundary
+@pytest.mark.parametrize(
+    "name, W",
+    [
+        ("random3x8", np.random.default_rng(3).normal(size=(3, 8))),  # rank 3 < n = 8
+        ("width16k3", WidthK(16, 3).matrix()),  # 14 queries on 16 cells: rank 14
+    ],
+)
+def test_singular_gram_reaches_the_optimum(name, W):
+    """Singular W^T W: the optimum is approached only by singular M; the solver works on range(G)."""
     G = W.T @ W
     opt = sdp_optimum(G)
-    res = solve_appendix_b(G, max_iter=3000)
-    assert res.fun >= opt * (1 - 1e-6)
-    assert (res.fun - opt) / opt <= 1e-2
+    res = solve_appendix_b(G)
+    assert res.status == CONVERGED, res.message
+    assert res.extra["rank"] == np.linalg.matrix_rank(G) < G.shape[0]
+    assert res.fun >= opt * (1 - 1e-7) and res.dual_bound <= opt * (1 + 1e-7)
+    assert (res.fun - opt) / opt <= 1e-5 + 1e-7
+    # The strategy answers W exactly (range(G) inside range(A^T A)) at the reported error.
+    A = res.x
+    B = W @ np.linalg.pinv(A)
+    np.testing.assert_allclose(B @ A, W, atol=1e-8)
+    sens2_sq = float(np.max(np.sum(A * A, axis=0)))
+    assert sens2_sq * float(np.sum(B * B)) == pytest.approx(res.fun, rel=1e-7)
+
+
+def test_range_space_gradient_matches_finite_differences():
+    """Eq. (14)-(15) on M = U K U^T: the gradient in K of f_mu(diag M) tr(G M^+)."""
+    rng = np.random.default_rng(4)
+    W = rng.normal(size=(3, 6))
+    G = W.T @ W
+    sp = RangeSpace(G, 1e-12)
+    assert sp.k == 3 and sp.U.shape == (6, 3)
+    np.testing.assert_allclose(sp.V.T @ sp.V, G, atol=1e-10)
+    A = rng.normal(size=(3, 3))
+    K = A @ A.T + np.eye(3)
+    mu = 0.2
+    f, grad = sp.value_and_gradient(K, mu)
+    M = sp.U @ K @ sp.U.T
+    assert f == pytest.approx(smooth_max(np.diag(M), mu)[0] * np.trace(G @ np.linalg.pinv(M)), rel=1e-10)
+    E = rng.normal(size=(3, 3))
+    E = E + E.T
+    h = 1e-6
+    fd = (sp.value_and_gradient(K + h * E, mu)[0] - sp.value_and_gradient(K - h * E, mu)[0]) / (2 * h)
+    assert np.vdot(grad, E) == pytest.approx(fd, rel=1e-6)
+    # The certificate's lower bound at uniform multipliers is the SVD bound (seed 004, Def. 4.1).
+    F, LB, d = sp.certificate(K, 1e6)
+    np.testing.assert_allclose(d, np.full(6, 1 / 6), rtol=1e-4)
+    svdb = np.sum(np.sqrt(np.maximum(np.linalg.eigvalsh(G), 0))) ** 2 / 6
+    assert LB == pytest.approx(svdb, rel=1e-4)
+    assert F == pytest.approx(np.diag(M).max() * np.trace(G @ np.linalg.pinv(M)), rel=1e-10)
+
+
+def test_width_too_large_for_gap_is_not_convergence():
+    """mu bounds how close the smoothed minimiser can come: a gap it cannot certify is STALLED."""
+    G = prefix(8).T @ prefix(8)
+    res = solve_appendix_b(G, mu=1e-2, mu_start=1e-2, gap_tol=1e-8)
+    assert res.status == STALLED and not res.success
+    assert res.gap > 1e-8 and "mu=0.01" in res.message
 
 
 def test_iteration_cap_is_not_convergence():
@@ -178,6 +233,9 @@ def test_x0_and_callback():
         (np.zeros((3, 3)), {}, "non-zero"),
         (np.eye(3), {"mu": 0.0}, "mu"),
         (np.eye(3), {"max_iter": 0}, "max_iter"),
+        (np.eye(3), {"gap_tol": 0.0}, "gap_tol"),
+        (np.eye(3), {"gap_tol": 1.5}, "gap_tol"),
+        (np.eye(3), {"check_every": 0}, "check_every"),
         (np.eye(3), {"x0": np.eye(2)}, "x0"),
         (np.eye(3), {"x0": -np.eye(3)}, "positive definite"),
     ],
