@@ -85,9 +85,8 @@ def test_convex_pair_agrees_with_its_conic_model():
     assert row["hand_objective"] < 8.0 and abs(row["rel_diff"]) < 1e-6
 
 
-# Known limitation, reported rather than hidden: the smoothed Appendix B solver (SPG on M > 0) stalls
-# about 0.4% above the SDP optimum when W^T W is singular (WidthK), where the optimal M is singular.
-KNOWN_FAILURES = {("appendix_b", "width:16:3")}
+# (pair, instance) comparisons allowed to fail: none.
+KNOWN_FAILURES: set[tuple[str, str]] = set()
 
 
 def test_crossval_quick_command(tmp_path, capsys):
@@ -104,7 +103,6 @@ def test_crossval_quick_command(tmp_path, capsys):
     assert code == (1 if len(failed) else 0), printed.out + printed.err
 
 
-@pytest.mark.xfail(strict=True, reason="Appendix B solver stalls on singular Grams (see KNOWN_FAILURES)")
 def test_appendix_b_matches_its_conic_model_on_singular_gram():
     df = cv.run_crossval(quick=True, pairs=["appendix_b"], solvers=["scs"])
     assert (df["verdict"] == "ok").all(), df[["instance", "rel_diff", "verdict"]]
