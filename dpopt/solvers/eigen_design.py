@@ -34,6 +34,10 @@ eigenvalues nearly coincide, and the Newton step, cut at y >= 0 in one cell of a
 So such G is decomposed in the reflection's two eigenspaces (`_reflection_eigh`: exact pairs, and two
 half-size eigh's, about 4x cheaper), and equal constraint rows are merged (`merge_equal_cells`) before
 the ascent. The certificate is always recomputed on the full, unmerged program.
+
+Where G has a repeated eigenvalue the eigen-design depends on the basis chosen inside its eigenspace
+(WidthK(16, 4) has a double eigenvalue 1: 31.0848 in the reflection-adapted basis, 31.0854 in the basis
+numpy's eigh returns to the CVXPY model); each value is the certified optimum for its own basis.
 """
 
 from __future__ import annotations
@@ -202,8 +206,8 @@ def complete_strategy(A: np.ndarray, V: np.ndarray) -> tuple[np.ndarray, float]:
     A (r, n) with max column norm <= 1; V (k, n) with V^T V = G. Returns (c, fun): c (n,) >= 0 the added
     diagonal (the strategy [A; diag(sqrt(c))] has sens2 = 1 in every cell) and fun = trace(G X^{-1}),
     which is <= trace(G (A^T A)^+). With the completion, AllRange(2048) and AllRange(64, 32) reproduce
-    the eigen-design ratios 1.028 and 1.107 of seed 004's Table 2. If X is numerically singular, c = 0 and
-    fun = inf.
+    the eigen-design ratios 1.028 and 1.107 of seed 004's Table 2 (1.0278, 1.1071); the converged weights
+    alone give 1.0606 and 1.1900. If X is numerically singular, c = 0 and fun = inf.
     """
     X = A.T @ A
     c = np.clip(1.0 - np.diag(X), 0.0, None)
