@@ -245,7 +245,14 @@ def _largest(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def write_tables(df: pd.DataFrame, args: argparse.Namespace) -> None:
+def _commands(df: pd.DataFrame, args: argparse.Namespace) -> list[str]:
+    """Argument strings of the invocations that measured the rows, in order of first appearance."""
+    seen = [] if "command" not in df else list(dict.fromkeys(df["command"].dropna()))
+    here = " ".join(args.argv)
+    return seen + ([here] if here not in seen else [])
+
+
+def write_tables(df: pd.DataFrame, args: argparse.Namespace, final: bool = True) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     order = {m: i for i, m in enumerate(MODELS)}
     df = df.assign(_o=df["model"].map(order)).sort_values(["_o", "solver", "n"]).drop(columns="_o")
@@ -255,7 +262,9 @@ def write_tables(df: pd.DataFrame, args: argparse.Namespace) -> None:
     lines = [
         "# Conic reference models: cost as n grows",
         "",
-        f"Command: `.venv/bin/python -m benchmarks.bench_formulations {' '.join(args.argv)}`",
+        "Commands, in order (each resuming the CSV the previous one wrote; column `command` of the CSV says "
+        "which one measured a row): "
+        + "; ".join(f"`.venv/bin/python -m benchmarks.bench_formulations {c}`" for c in _commands(df, args)),
         f"Machine: {platform.platform()}, {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs "
         f"(shared with other users), {_mem_total_gb():.0f} GB RAM, python {platform.python_version()}; "
         f"load average (1, 5, 15 min) at start {args.load_at_start}, at this write "
@@ -278,12 +287,12 @@ def write_tables(df: pd.DataFrame, args: argparse.Namespace) -> None:
         f"## Largest n solved within {args.budget:g} s",
         "",
         _md(_largest(df)),
-        "",
+        "" if final else "\n(Sweep in progress: a pair marked 'not reached' may still grow.)\n",
         "## Per run",
         "",
     ]
     cols = ["model", "solver", "n", "status", "build_seconds", "solve_seconds", "solve_cpu_seconds",
-            "solver_seconds", "iterations", "peak_mb", "growth_mb", "runs", "budget", "measured"]
+            "solver_seconds", "iterations", "peak_mb", "growth_mb", "runs", "budget", "measured", "load_1min"]
     lines += [_md(ok[[c for c in cols if c in ok]]), ""]
     bad = df[~df["status"].isin(["optimal", "optimal_inaccurate", "converged", "user_limit"])]
     if len(bad):
@@ -358,11 +367,20 @@ def main(argv: list[str] | None = None) -> None:
     # Rows of pairs or sizes this invocation does not touch are carried over unchanged.
     rows = [r for k, r in done.items() if (k[0], k[1]) not in pairs or k[2] not in sizes]
     stopped: set[tuple[str, str]] = set()
+    visited: set[tuple[str, str, int]] = set()
+
+    def table() -> pd.DataFrame:
+        # Resumed rows not reached yet stay in the files (valid data) unless their pair has stopped.
+        pending = [r for k, r in done.items() if (k[0], k[1]) in pairs and k[2] in sizes
+                   and k not in visited and (k[0], k[1]) not in stopped]
+        return pd.DataFrame(rows + pending)
+
     # Size by size across all pairs, so that a session deadline leaves every pair at a comparable frontier.
     for n in sizes:
         for model, solver in pairs:
             if (model, solver) in stopped:
                 continue
+            visited.add((model, solver, n))
             if (model, solver, n) in done:
                 row = done[(model, solver, n)]
             elif deadline is not None and deadline - time.time() < 1.0:
@@ -371,7 +389,8 @@ def main(argv: list[str] | None = None) -> None:
             else:
                 row = measure(model, solver, n, args.tol, args.budget, args.repeats, args.repeat_below,
                               args.mem_limit_gb, deadline)
-                row.update(budget=args.budget, measured=time.strftime("%H:%M UTC", time.gmtime()))
+                row.update(budget=args.budget, measured=time.strftime("%H:%M UTC", time.gmtime()),
+                           command=" ".join(args.argv), load_1min=os.getloadavg()[0])
                 print(f"{model:12s} {solver:8s} n={n:4d} {row['status']:18s} "
                       f"solve {row.get('solve_seconds', float('nan')):8.2f}s "
                       f"wall {row.get('wall_total', float('nan')):8.1f}s "
@@ -379,8 +398,8 @@ def main(argv: list[str] | None = None) -> None:
             rows.append(row)
             if row["status"] not in SUCCESS:
                 stopped.add((model, solver))
-            write_tables(pd.DataFrame(rows), args)
-    write_tables(pd.DataFrame(rows), args)
+            write_tables(table(), args, final=False)
+    write_tables(table(), args)
 
 
 if __name__ == "__main__":
