@@ -7,13 +7,17 @@ Problem (Formula (7), or (8) when gamma > 0):
 with W (m x n), B (m x r), L (r x n). Under eps-DP with Laplace noise of variance 2 b^2 for scale b
 (seed 000, Section 3.1 and Lemma 1), answering W through (B, L) has total squared error
 2 / eps^2 * ||B||_F^2 * max_j ||L[:, j]||_1^2.
+
+The problem is not convex, so `solve_lrm` runs Algorithm 1 from several feasible starts (the SVD
+start after Lemma 3, the noise-on-data start when the rank allows it, seeded random starts), refines
+the best by restarting the penalty schedule, and keeps the best feasible decomposition it has seen.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -81,6 +85,26 @@ def random_start(W: np.ndarray, r: int, rng: np.random.Generator) -> tuple[np.nd
     L0 = rng.normal(size=(r, W.shape[1]))
     L0 /= np.abs(L0).sum(axis=0).max()
     return W @ np.linalg.pinv(L0), L0
+
+
+def identity_start(W: np.ndarray, r: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """Noise-on-data start: the identity strategy restricted to the cells W uses, padded to r rows.
+
+    With S the c columns of W (m x n) that hold a non-zero entry, L0 (r x n) has rows e_j^T for
+    j in S (in order) followed by r - c zero rows, and B0 = W[:, S] padded with zero columns, so
+    B0 L0 = W exactly, max_j ||L0[:, j]||_1 = 1 and ||B0||_F^2 = ||W||_F^2: the decomposition that
+    answers W by noise on data (seed 000, Section 1). It exists only when c <= r; returns None
+    otherwise. Returns (B0 (m x r), L0 (r x n)).
+    """
+    m, n = W.shape
+    cols = np.flatnonzero(np.any(W != 0.0, axis=0))
+    if cols.size > r:
+        return None
+    L0 = np.zeros((r, n))
+    L0[np.arange(cols.size), cols] = 1.0
+    B0 = np.zeros((m, r))
+    B0[:, : cols.size] = W[:, cols]
+    return B0, L0
 
 
 def update_B(W: np.ndarray, L: np.ndarray, pi: np.ndarray, beta: float) -> np.ndarray:
@@ -225,30 +249,71 @@ def _make_rng(seed: Any, rng: Any) -> np.random.Generator:
     raise ValueError(f"seed must be an int, a numpy Generator or None; got {type(seed).__name__}")
 
 
-def _start(
-    W: np.ndarray, rank: Any, init: Any, rng: np.random.Generator
-) -> tuple[np.ndarray, np.ndarray]:
-    """(B0, L0) from the init option; see `svd_start` and `random_start`."""
+_START_NAMES = ("svd", "identity", "random")
+
+
+def _resolve_rank(W: np.ndarray, rank: Any) -> int:
+    """The rank option as an int: default ceil(1.2 rank(W)), else a validated positive integer."""
+    if rank is None:
+        return default_rank(W)
+    if isinstance(rank, bool) or not isinstance(rank, int | np.integer) or rank < 1:
+        raise ValueError(f"rank must be a positive integer or None; got {rank!r}")
+    return int(rank)
+
+
+def _starts(
+    W: np.ndarray, rank: Any, init: Any, restarts: Any, rng: np.random.Generator
+) -> list[tuple[str, np.ndarray, np.ndarray, np.random.Generator]]:
+    """Named starts (name, B0 (m x r), L0 (r x n), generator of the run) from init and restarts.
+
+    init "auto" means ("svd", "identity"), "identity" left out when W uses more than r cells (an
+    explicit "identity" that does not exist is an error); `restarts` random starts follow. Every
+    start gets its own child of rng, so adding starts does not change the earlier ones.
+    """
     n = W.shape[1]
+    if isinstance(restarts, bool) or not isinstance(restarts, int | np.integer) or restarts < 0:
+        raise ValueError(f"restarts must be an integer >= 0 (extra random starts); got {restarts!r}")
+    given = None
     if isinstance(init, np.ndarray):
         L0 = np.asarray(init, dtype=float)
         if L0.ndim != 2 or L0.shape[1] != n or L0.shape[0] < 1 or not np.isfinite(L0).all():
             raise ValueError(f"init as an array must be a finite L0 of shape (r, {n}); got {L0.shape}")
         if rank is not None and L0.shape[0] != rank:
             raise ValueError(f"init has {L0.shape[0]} rows but rank={rank}")
-        L0 = project_l1_ball_columns(L0)
-        return W @ np.linalg.pinv(L0), L0
-    if rank is None:
-        r = default_rank(W)
-    elif isinstance(rank, bool) or not isinstance(rank, int | np.integer) or rank < 1:
-        raise ValueError(f"rank must be a positive integer or None; got {rank!r}")
+        given = project_l1_ball_columns(L0)
+        r = given.shape[0]
+        names = ["given"]
     else:
-        r = int(rank)
-    if isinstance(init, str) and init == "svd":
-        return svd_start(W, r, rng)
-    if isinstance(init, str) and init == "random":
-        return random_start(W, r, rng)
-    raise ValueError(f"init must be 'svd', 'random' or an (r, n) array; got {init!r}")
+        r = _resolve_rank(W, rank)
+        if isinstance(init, str):
+            names = ["svd", "identity"] if init == "auto" else [init]
+        elif isinstance(init, list | tuple) and init and all(isinstance(s, str) for s in init):
+            names = list(init)
+        else:
+            names = ["?"]
+        if any(s not in _START_NAMES for s in names):
+            raise ValueError(
+                "init must be 'auto', 'svd', 'identity', 'random', a sequence of those names or an "
+                f"(r, n) array; got {init!r}"
+            )
+    names += ["random"] * int(restarts)
+    out = []
+    for i, (name, child) in enumerate(zip(names, rng.spawn(len(names)), strict=True)):
+        if name == "given":
+            assert given is not None
+            out.append((name, W @ np.linalg.pinv(given), given, child))
+        elif name == "svd":
+            out.append((name, *svd_start(W, r, child), child))
+        elif name == "random":
+            out.append((f"random{i}", *random_start(W, r, child), child))
+        else:
+            start = identity_start(W, r)
+            if start is not None:
+                out.append((name, *start, child))
+            elif init != "auto":
+                cells = int(np.count_nonzero(np.any(W != 0.0, axis=0)))
+                raise ValueError(f"init 'identity' needs rank >= the {cells} cells W uses; got rank {r}")
+    return out
 
 
 def revive_dead_rows(L: np.ndarray, weight: float, rng: np.random.Generator) -> tuple[np.ndarray, int]:
@@ -293,6 +358,97 @@ def polish(
     return B_tol
 
 
+def _feasible(resid: float, max_l1: float, normW: float, gamma: float, tol: float) -> bool:
+    """The residual test of solve_lrm (and the column constraint to 1e-9)."""
+    bound = tol * normW if gamma == 0.0 else gamma
+    return resid <= bound * (1.0 + 1e-9) and max_l1 <= 1.0 + 1e-9
+
+
+def _alm_run(
+    W: np.ndarray,
+    B: np.ndarray,
+    L: np.ndarray,
+    gen: np.random.Generator,
+    *,
+    gamma: float,
+    o: dict[str, Any],
+    deadline: float | None,
+    callback: Callable[[dict[str, Any]], None] | None,
+    k_offset: int,
+    start: str,
+) -> dict[str, Any]:
+    """LRM Algorithm 1 (seed 000, Section 5) from one start (B (m x r), L (r x n)); see solve_lrm.
+
+    Returns a dict with B, L (polished), status, message, nit, ninner, beta, revived and the
+    per-outer-iteration histories.
+    """
+    t_wall, t_cpu = time.perf_counter(), time.process_time()
+    normW = float(np.linalg.norm(W))
+    tol = o["tol"]
+    pi = np.zeros_like(W)
+    beta = float(o["beta0"])
+    omega = 1.0
+    fun_hist: list[float] = []
+    res_hist: list[float] = []
+    beta_hist: list[float] = []
+    ninner = 0
+    nrevived = 0
+    max_outer = o["max_outer"]
+    status, message = MAX_ITER, f"reached max_outer={max_outer} outer iterations"
+    k = 0
+    for k in range(1, max_outer + 1):
+        for _ in range(o["max_inner"]):
+            B = update_B(W, L, pi, beta)
+            # Restart the Lipschitz search a little below the last accepted value (the paper
+            # restarts from omega = 1 at every call, which costs ~log2(beta ||B||_2^2) projections).
+            L, omega, steps = nesterov_L(
+                B.T @ B, B.T @ (beta * W + pi), beta, L,
+                omega0=max(1.0, omega / 4.0), max_iter=o["max_nesterov"], tol=tol,
+            )
+            ninner += steps
+        R = W - B @ L
+        tau = float(np.linalg.norm(R))
+        fun = float(np.vdot(B, B))
+        fun_hist.append(fun)
+        res_hist.append(tau)
+        beta_hist.append(beta)
+        if callback is not None:
+            callback({"k": k_offset + k, "start": start, "beta": beta, "residual": tau,
+                      "rel_residual": tau / normW, "fun": fun, "ninner": ninner, "B": B, "L": L})
+        if gamma > 0.0:
+            met = tau <= gamma
+        else:
+            met = tau <= tol * normW and k > 1 and abs(fun - fun_hist[-2]) <= o["ftol"] * fun
+        if met:
+            status, message = CONVERGED, "residual and objective met the stopping rule"
+            break
+        if deadline is not None and time.perf_counter() > deadline:
+            status, message = TIME_LIMIT, f"time_limit={o['time_limit']} s reached"
+            break
+        if k % o["beta_double_every"] == 0:
+            if 2.0 * beta > o["beta_max"]:
+                status, message = STALLED, f"beta would exceed beta_max={o['beta_max']:g}"
+                break
+            beta *= 2.0
+            if tau > tol * normW:
+                L, nnew = revive_dead_rows(L, o["revive"], gen)
+                nrevived += nnew
+        pi = pi + beta * R
+
+    L = project_l1_ball_columns(L)
+    B = polish(W, L, gamma, tol)
+    resid = float(np.linalg.norm(W - B @ L))
+    max_l1 = float(np.abs(L).sum(axis=0).max())
+    if status == CONVERGED and not _feasible(resid, max_l1, normW, gamma, tol):
+        status = FAILED
+        message = f"stopping rule met but the polished pair has residual {resid:.3e}"
+    return {"B": B, "L": L, "status": status, "message": message, "nit": k, "ninner": ninner,
+            "beta": beta, "revived": nrevived, "resid": resid, "max_l1": max_l1,
+            "error_factor": float(np.vdot(B, B)) * max_l1 * max_l1,
+            "fun_history": fun_hist, "residual_history": res_hist, "beta_history": beta_hist,
+            "wall_seconds": time.perf_counter() - t_wall, "cpu_seconds": time.process_time() - t_cpu}
+
+
 def solve_lrm(
     W: Any,
     *,
@@ -309,50 +465,78 @@ def solve_lrm(
     revive: float = 1e-2,
     seed: int | np.random.Generator | None = None,
     rng: np.random.Generator | None = None,
-    init: str | np.ndarray = "svd",
+    init: str | Sequence[str] | np.ndarray = "auto",
+    restarts: int = 1,
+    refine: int = 1,
+    refine_rtol: float = 1e-3,
     callback: Callable[[dict[str, Any]], None] | None = None,
     time_limit: float | None = None,
 ) -> SolverResult:
-    """LRM Algorithm 1 (seed 000, Section 5): inexact augmented Lagrangian for W = B L.
+    """LRM Algorithm 1 (seed 000, Section 5): inexact augmented Lagrangian for W = B L, from several starts.
 
-    pi starts at 0 and beta at beta0 (both as in the paper). Outer iteration k runs max_inner
-    alternations of the B-step (Eq. (9), closed form) and the L-step (Algorithm 2, at most
+    Formula (7) is bilinear, so Algorithm 1 only finds a stationary point, and which one depends on
+    the start: on WDiscrete(256, 256) with off value 0 the SVD start alone ends 2.7x to 7x above
+    noise on data (depending on its random padding rows), although the noise-on-data decomposition
+    (`identity_start`) exists at the same rank. So the algorithm is run from each start (init, then
+    `restarts` seeded random starts), then up to `refine` more times from the best decomposition so
+    far (pi = 0, beta = beta0 again: by the end of a run beta is ~1e6 and the iterate is frozen by
+    the penalty, not by optimality), as long as each round lowers the error factor by more than
+    refine_rtol relatively. The best decomposition is kept; when every run met its stopping rule
+    the (polished) starts compete too, so the result is never worse than the best feasible start.
+
+    One run: pi starts at 0 and beta at beta0 (both as in the paper). Outer iteration k runs
+    max_inner alternations of the B-step (Eq. (9), closed form) and the L-step (Algorithm 2, at most
     max_nesterov accelerated steps, warm-started), then computes tau = ||W - B L||_F, doubles beta
     when k is divisible by beta_double_every (the paper's schedule) and updates the multiplier
     pi <- pi + beta (W - B L) with the new beta (Algorithm 1, lines 10-12). At each doubling, if the
     residual test still fails, rows of L that are exactly zero are reseeded (`revive_dead_rows`,
     weight `revive`; 0 switches this off).
 
-    Stopping rule, checked after every outer iteration:
+    Stopping rule of a run, checked after every outer iteration:
       gamma = 0: tau <= tol ||W||_F and |f_k - f_{k-1}| <= ftol f_k, with f = ||B||_F^2;
       gamma > 0: tau <= gamma (the paper's "tau is sufficiently small").
-    Otherwise it stops at max_outer (MAX_ITER), after time_limit seconds (TIME_LIMIT) or when beta
-    would exceed beta_max (STALLED). On exit L is projected once more (column L1 norms <= 1 up to
-    rounding, ~1e-15) and B is re-optimised for it by `polish`. status is CONVERGED only when the
-    stopping rule was met and the polished pair passes the residual test again (relative residual
-    <= tol for gamma = 0, residual <= gamma (1 + 1e-9) for gamma > 0); otherwise FAILED.
+    Otherwise a run stops at max_outer (MAX_ITER), when beta would exceed beta_max (STALLED) or
+    after time_limit seconds counted from the call (TIME_LIMIT; later starts are then skipped).
+    On exit L is projected once more (column L1 norms <= 1 up to rounding, ~1e-15) and B is
+    re-optimised for it by `polish`. A run is feasible when its polished pair passes the residual
+    test (relative residual <= tol for gamma = 0, residual <= gamma (1 + 1e-9) for gamma > 0) and
+    max_j ||L[:, j]||_1 <= 1 + 1e-9.
+
+    Selection and status: if every run met its stopping rule, the feasible runs and feasible starts
+    compete on error_factor and status is CONVERGED (FAILED if none is feasible). Otherwise status
+    is that of the first run that hit a cap, the feasible runs compete (the starts do not: a capped
+    solver reports what it computed), and with none feasible the run of least residual is returned.
 
     Parameters
     ----------
     W : ndarray (m x n) or a workload with .matrix().
     rank : r, the number of rows of L; default ceil(1.2 rank(W)) (seed 000, Section 6.1).
     gamma : relaxation of Formula (8), an absolute bound on ||W - B L||_F (>= 0).
+    max_outer : outer-iteration cap of each run.
     max_inner, max_nesterov : B/L alternations per outer iteration and accelerated steps per L-step
         (the paper leaves both open; 5 and 5 are the values of the authors' released code).
-    init : "svd" (`svd_start`), "random" (`random_start`) or an explicit L0 (r x n), projected onto
-        the constraint set, with B0 = W L0^+.
-    seed, rng : randomness for the start (the r - rank(W) extra rows of the SVD start, or the random
-        start) and for reseeding dead rows; give at most one.
-    callback : called after each outer iteration with a dict (k, beta, residual, rel_residual, fun,
-        ninner, B, L); its return value is ignored.
+    init : "auto" (= ("svd", "identity"), "identity" left out when W uses more than r cells), one
+        of "svd" (`svd_start`), "identity" (`identity_start`), "random" (`random_start`), a
+        sequence of these names, or an explicit L0 (r x n), projected onto the constraint set, with
+        B0 = W L0^+.
+    restarts : number of extra random starts after init (0 runs init alone).
+    refine, refine_rtol : refinement rounds (0 for none) and the relative gain that earns another.
+    seed, rng : randomness for the starts (the r - rank(W) extra rows of the SVD start, the random
+        starts) and for reseeding dead rows, one child generator per start; give at most one.
+    callback : called after each outer iteration of every run with a dict (k, counted across runs;
+        start, beta, residual, rel_residual, fun, ninner, B, L); its return value is ignored.
 
     Returns
     -------
     SolverResult with x = (B (m x r), L (r x n)), fun = ||B||_F^2 of the polished B, nit = outer
-    iterations, ninner = total accelerated steps, and extra: residual ||W - B L||_F, rel_residual,
-    max_col_l1, error_factor (||B||_F^2 max_j ||L[:, j]||_1^2; the total squared error under eps-DP
-    is 2 / eps^2 * error_factor), rank, gamma, final beta, revived_rows, and per-outer-iteration
-    histories fun_history, residual_history, beta_history (ALM iterates, before polishing).
+    iterations and ninner = accelerated steps summed over runs, and extra: residual ||W - B L||_F,
+    rel_residual, max_col_l1, error_factor (||B||_F^2 max_j ||L[:, j]||_1^2; the total squared
+    error under eps-DP is 2 / eps^2 * error_factor), rank, gamma, start (name of the winning start;
+    kept_start True when a start beat every run), refine_rounds, starts (one dict per start and
+    refinement round: name, start_factor, run_factor (inf when not feasible), status, nit,
+    cpu_seconds, wall_seconds), final beta and revived_rows of the winning run, and the
+    per-outer-iteration histories fun_history, residual_history, beta_history of all runs in order
+    (ALM iterates, before polishing).
     """
     t_wall, t_cpu = time.perf_counter(), time.process_time()
     W = _as_matrix(W)
@@ -362,78 +546,112 @@ def solve_lrm(
     gamma = float(gamma)
     if not np.isfinite(gamma) or gamma < 0.0:
         raise ValueError(f"gamma must be a finite number >= 0; got {gamma!r}")
-    _check_options(max_outer=max_outer, max_inner=max_inner, max_nesterov=max_nesterov,
-                   beta_double_every=beta_double_every, tol=tol, ftol=ftol, beta0=beta0,
-                   beta_max=beta_max, revive=revive, time_limit=time_limit)
+    opts = {"max_outer": max_outer, "max_inner": max_inner, "max_nesterov": max_nesterov,
+            "beta_double_every": beta_double_every, "tol": tol, "ftol": ftol, "beta0": beta0,
+            "beta_max": beta_max, "revive": revive, "time_limit": time_limit}
+    _check_options(**opts)
+    if isinstance(refine, bool) or not isinstance(refine, int | np.integer) or refine < 0:
+        raise ValueError(f"refine must be an integer >= 0 (refinement rounds); got {refine!r}")
+    if isinstance(refine_rtol, bool) or not isinstance(refine_rtol, int | float | np.number) or not (
+        np.isfinite(refine_rtol) and refine_rtol >= 0
+    ):
+        raise ValueError(f"refine_rtol must be a finite number >= 0; got {refine_rtol!r}")
     gen = _make_rng(seed, rng)
-    B, L = _start(W, rank, init, gen)
-    r = L.shape[0]
+    starts = _starts(W, rank, init, restarts, gen)
+    r = starts[0][2].shape[0]
+    deadline = None if time_limit is None else t_wall + time_limit
 
-    pi = np.zeros_like(W)
-    beta = float(beta0)
-    omega = 1.0
-    fun_hist: list[float] = []
-    res_hist: list[float] = []
-    beta_hist: list[float] = []
-    ninner = 0
-    nrevived = 0
-    status, message = MAX_ITER, f"reached max_outer={max_outer} outer iterations"
-    k = 0
-    for k in range(1, max_outer + 1):
-        for _ in range(max_inner):
-            B = update_B(W, L, pi, beta)
-            # Restart the Lipschitz search a little below the last accepted value (the paper
-            # restarts from omega = 1 at every call, which costs ~log2(beta ||B||_2^2) projections).
-            L, omega, steps = nesterov_L(
-                B.T @ B, B.T @ (beta * W + pi), beta, L,
-                omega0=max(1.0, omega / 4.0), max_iter=max_nesterov, tol=tol,
-            )
-            ninner += steps
-        R = W - B @ L
-        tau = float(np.linalg.norm(R))
-        fun = float(np.vdot(B, B))
-        fun_hist.append(fun)
-        res_hist.append(tau)
-        beta_hist.append(beta)
-        if callback is not None:
-            callback({"k": k, "beta": beta, "residual": tau, "rel_residual": tau / normW,
-                      "fun": fun, "ninner": ninner, "B": B, "L": L})
-        if gamma > 0.0:
-            met = tau <= gamma
-        else:
-            met = tau <= tol * normW and k > 1 and abs(fun - fun_hist[-2]) <= ftol * fun
-        if met:
-            status, message = CONVERGED, "residual and objective met the stopping rule"
+    runs: list[dict[str, Any]] = []
+    k_offset = 0
+    for name, B0, L0, child in starts:
+        run = _alm_run(W, B0, L0, child, gamma=gamma, o=opts, deadline=deadline,
+                       callback=callback, k_offset=k_offset, start=name)
+        run["start"] = name
+        runs.append(run)
+        k_offset += run["nit"]
+        if run["status"] == TIME_LIMIT:
             break
-        if time_limit is not None and time.perf_counter() - t_wall > time_limit:
-            status, message = TIME_LIMIT, f"time_limit={time_limit} s reached"
-            break
-        if k % beta_double_every == 0:
-            if 2.0 * beta > beta_max:
-                status, message = STALLED, f"beta would exceed beta_max={beta_max:g}"
+
+    table = []
+    start_pairs = []
+    for i, (name, _B0, L0, _child) in enumerate(starts):
+        L0 = project_l1_ball_columns(L0)
+        B0 = polish(W, L0, gamma, tol)
+        resid0 = float(np.linalg.norm(W - B0 @ L0))
+        l1 = float(np.abs(L0).sum(axis=0).max())
+        factor0 = float(np.vdot(B0, B0)) * l1 * l1
+        if _feasible(resid0, l1, normW, gamma, tol):
+            start_pairs.append({"start": name, "B": B0, "L": L0, "resid": resid0, "max_l1": l1,
+                                "error_factor": factor0})
+        run = runs[i] if i < len(runs) else None
+        table.append({"name": name,
+                      "start_factor": factor0 if _feasible(resid0, l1, normW, gamma, tol) else math.inf,
+                      "run_factor": math.inf if run is None or not _feasible(
+                          run["resid"], run["max_l1"], normW, gamma, tol) else run["error_factor"],
+                      "status": "skipped" if run is None else run["status"],
+                      "nit": 0 if run is None else run["nit"],
+                      "cpu_seconds": 0.0 if run is None else run["cpu_seconds"],
+                      "wall_seconds": 0.0 if run is None else run["wall_seconds"]})
+
+    finished = len(runs) == len(starts) and all(u["status"] in (CONVERGED, FAILED) for u in runs)
+    feasible_runs = [u for u in runs if _feasible(u["resid"], u["max_l1"], normW, gamma, tol)]
+    pool = feasible_runs + (start_pairs if finished else [])
+    if pool:
+        best = min(pool, key=lambda u: u["error_factor"])
+    else:
+        best = min(runs, key=lambda u: u["resid"])
+    kept_start = any(best is s for s in start_pairs)
+    nrefined = 0
+    if finished and pool:
+        status = CONVERGED
+        message = (f"every run met the stopping rule; best decomposition from start "
+                   f"'{best['start']}'" + (" (the start itself)" if kept_start else ""))
+        # Refinement: Algorithm 1 again from the best L, with pi = 0 and beta = beta0 (a restart
+        # of the penalty schedule, which by then has frozen the iterate). Only rounds that meet
+        # their stopping rule with a feasible pair may replace the best.
+        for j, child in enumerate(gen.spawn(refine)):
+            if deadline is not None and time.perf_counter() > deadline:
+                message += "; refinement skipped at time_limit"
                 break
-            beta *= 2.0
-            if tau > tol * normW:
-                L, nnew = revive_dead_rows(L, revive, gen)
-                nrevived += nnew
-        pi = pi + beta * R
+            run = _alm_run(W, best["B"], best["L"], child, gamma=gamma, o=opts, deadline=deadline,
+                           callback=callback, k_offset=k_offset, start=f"{best['start']}+refine")
+            run["start"] = f"{best['start']}+refine{j + 1}"
+            runs.append(run)
+            k_offset += run["nit"]
+            nrefined += 1
+            ok = run["status"] == CONVERGED and _feasible(run["resid"], run["max_l1"], normW, gamma, tol)
+            improved = ok and run["error_factor"] < best["error_factor"]
+            table.append({"name": run["start"], "start_factor": best["error_factor"],
+                          "run_factor": run["error_factor"] if ok else math.inf,
+                          "status": run["status"], "nit": run["nit"],
+                          "cpu_seconds": run["cpu_seconds"], "wall_seconds": run["wall_seconds"]})
+            if improved:
+                gain = 1.0 - run["error_factor"] / best["error_factor"]
+                best, kept_start = run, False
+                message = f"every run met the stopping rule; best decomposition from '{run['start']}'"
+            if not improved or gain <= refine_rtol:
+                break
+    elif finished:
+        status, message = FAILED, best["message"]
+    else:
+        capped = next(u for u in runs if u["status"] not in (CONVERGED, FAILED))
+        status = capped["status"]
+        message = f"run from start '{capped['start']}': {capped['message']}"
+        if len(runs) < len(starts):
+            message += f"; {len(starts) - len(runs)} later start(s) skipped"
 
-    L = project_l1_ball_columns(L)
-    B = polish(W, L, gamma, tol)
+    B, L = best["B"], best["L"]
     resid = float(np.linalg.norm(W - B @ L))
     max_l1 = float(np.abs(L).sum(axis=0).max())
     fun = float(np.vdot(B, B))
-    ok = resid <= tol * normW * (1.0 + 1e-9) if gamma == 0.0 else resid <= gamma * (1.0 + 1e-9)
-    if status == CONVERGED and not ok:
-        status = FAILED
-        message = f"stopping rule met but the polished pair has residual {resid:.3e}"
+    src = best if "beta" in best else next(u for u in runs if u["start"] == best["start"])
     return SolverResult(
         x=(B, L),
         fun=fun,
         status=status,
         message=message,
-        nit=k,
-        ninner=ninner,
+        nit=sum(u["nit"] for u in runs),
+        ninner=sum(u["ninner"] for u in runs),
         wall_seconds=time.perf_counter() - t_wall,
         cpu_seconds=time.process_time() - t_cpu,
         extra={
@@ -443,10 +661,14 @@ def solve_lrm(
             "error_factor": fun * max_l1 * max_l1,
             "rank": r,
             "gamma": gamma,
-            "beta": beta,
-            "revived_rows": nrevived,
-            "fun_history": np.array(fun_hist),
-            "residual_history": np.array(res_hist),
-            "beta_history": np.array(beta_hist),
+            "start": best["start"],
+            "kept_start": kept_start,
+            "refine_rounds": nrefined,
+            "starts": table,
+            "beta": src["beta"],
+            "revived_rows": src["revived"],
+            "fun_history": np.concatenate([np.asarray(u["fun_history"], float) for u in runs]),
+            "residual_history": np.concatenate([np.asarray(u["residual_history"], float) for u in runs]),
+            "beta_history": np.concatenate([np.asarray(u["beta_history"], float) for u in runs]),
         },
     )
