@@ -111,7 +111,7 @@ def test_trace_term_gradient_matches_finite_differences():
 def test_matches_sdp_within_certified_gap(name, W):
     G = W.T @ W
     opt = sdp_optimum(G)
-    res = solve_appendix_b(G)
+    res = solve_appendix_b(G, gap_tol=1e-5)
     assert res.status == CONVERGED, res.message
     # Any positive definite M gives a feasible strategy, so F(M) can never beat the optimum, and the
     # dual bound can never exceed it.
@@ -158,7 +158,7 @@ def test_singular_gram_reaches_the_optimum(name, W):
     """Singular W^T W: the optimum is approached only by singular M; the solver works on range(G)."""
     G = W.T @ W
     opt = sdp_optimum(G)
-    res = solve_appendix_b(G)
+    res = solve_appendix_b(G, gap_tol=1e-5)
     assert res.status == CONVERGED, res.message
     assert res.extra["rank"] == np.linalg.matrix_rank(G) < G.shape[0]
     assert res.fun >= opt * (1 - 1e-7) and res.dual_bound <= opt * (1 + 1e-7)
@@ -196,6 +196,15 @@ def test_range_space_gradient_matches_finite_differences():
     svdb = np.sum(np.sqrt(np.maximum(np.linalg.eigvalsh(G), 0))) ** 2 / 6
     assert LB == pytest.approx(svdb, rel=1e-4)
     assert F == pytest.approx(np.diag(M).max() * np.trace(G @ np.linalg.pinv(M)), rel=1e-10)
+
+
+def test_default_gap_is_certified_and_true():
+    """The default certificate (gap_tol 1e-4) holds against Clarabel, on a nonsingular Gram."""
+    G = all_range(12).T @ all_range(12)
+    opt = sdp_optimum(G)
+    res = solve_appendix_b(G)
+    assert res.status == CONVERGED and res.gap <= 1e-4
+    assert res.dual_bound <= opt * (1 + 1e-7) <= res.fun * (1 + 1e-7) <= opt * (1 + 1e-4 + 1e-7)
 
 
 def test_width_too_large_for_gap_is_not_convergence():
