@@ -252,3 +252,12 @@ def test_x0_and_callback():
 def test_invalid_input(G, kwargs, match):
     with pytest.raises(ValueError, match=match):
         solve_appendix_b(G, **kwargs)
+
+
+def test_rank_one_gram_has_the_closed_form_optimum():
+    """G = v v^T: min max(diag X) v^T X^+ v is max_i v_i^2, at X = v v^T (the dual bound at d = e_i)."""
+    v = np.random.default_rng(5).normal(size=6)
+    res = solve_appendix_b(np.outer(v, v), gap_tol=1e-8)
+    assert res.status == CONVERGED and res.extra["rank"] == 1
+    assert res.fun == pytest.approx(float(np.max(v * v)), rel=1e-12)
+    assert res.dual_bound == pytest.approx(float(np.max(v * v)), rel=1e-8)
