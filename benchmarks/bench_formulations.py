@@ -124,6 +124,8 @@ def run_once(model: str, solver: str, n: int, tol: float, timeout: float, mem_li
              session_capped: bool = False) -> dict:
     """Run `child` in its own process group with a wall-clock timeout and an address-space cap.
 
+    Records wall_total and cpu_total (the child's CPU seconds, also for a killed run, so that a run
+    stopped by the wall-clock budget on a loaded machine shows how much CPU it had received).
     timeout: seconds (wall, including imports and build); when it is reached the whole process group is
     killed (SIGKILL) and the row gets status "budget_exceeded", or "session_budget" when the timeout was
     shortened by the session deadline (`session_capped`), i.e. the run was stopped before its budget.
@@ -133,7 +135,7 @@ def run_once(model: str, solver: str, n: int, tol: float, timeout: float, mem_li
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
     base = {"model": model, "solver": solver, "n": n, "tol": tol}
     limit = int(mem_limit_gb * 2**30)
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), _children_cpu()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             cwd=Path(__file__).resolve().parents[1], start_new_session=True,
                             preexec_fn=(lambda: _limit_memory(limit)) if limit > 0 else None)
@@ -146,17 +148,25 @@ def run_once(model: str, solver: str, n: int, tol: float, timeout: float, mem_li
             pass
         proc.communicate()
         status = "session_budget" if session_capped else "budget_exceeded"
-        return {**base, "status": status, "wall_total": time.perf_counter() - t0}
+        return {**base, "status": status, "wall_total": time.perf_counter() - t0,
+                "cpu_total": _children_cpu() - cpu0}
     wall = time.perf_counter() - t0
+    cpu = _children_cpu() - cpu0
     if proc.returncode != 0:
         if any(m in stderr for m in _MEMORY_MARKERS) or proc.returncode == -signal.SIGABRT:
             status = f"memory_limit ({mem_limit_gb:g} GB)"
         else:
             status = "error: " + (stderr.strip().splitlines() or ["?"])[-1][:120]
-        return {**base, "status": status, "wall_total": wall}
+        return {**base, "status": status, "wall_total": wall, "cpu_total": cpu}
     row = json.loads(stdout.strip().splitlines()[-1])
-    row["wall_total"] = wall
+    row.update(wall_total=wall, cpu_total=cpu)
     return row
+
+
+def _children_cpu() -> float:
+    """User + system CPU seconds of all waited-for children so far (the delta around one run is its CPU)."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
 
 
 def measure(model: str, solver: str, n: int, tol: float, budget: float, repeats: int,
@@ -178,7 +188,7 @@ def measure(model: str, solver: str, n: int, tol: float, budget: float, repeats:
     rows = [r for r in rows if "solve_seconds" in r]
     med = dict(rows[0])
     for key in ("build_seconds", "compile_seconds", "solver_seconds", "solve_seconds",
-                "solve_cpu_seconds", "peak_mb", "growth_mb", "wall_total"):
+                "solve_cpu_seconds", "peak_mb", "growth_mb", "wall_total", "cpu_total"):
         med[key] = float(np.median([r[key] for r in rows]))
     med["runs"] = len(rows)
     return med
@@ -241,7 +251,14 @@ def _largest(df: pd.DataFrame) -> pd.DataFrame:
                     why += f" (n = {int(first['n'])} stopped after {first['wall_total']:.0f} s)"
             else:
                 why = f"n = {int(first['n'])} ({first['status']})"
-        out.append({"model": model, "solver": solver, "largest n": last, "stopped at": why})
+                cpu = first.get("cpu_total", np.nan)
+                if isinstance(cpu, float) and np.isfinite(cpu):
+                    why += f" after {first['wall_total']:.0f} s wall, {cpu:.0f} s CPU"
+        top = good[good["n"] == last].iloc[0] if last is not None else None
+        out.append({"model": model, "solver": solver, "largest n": last,
+                    "its solve s (wall)": None if top is None else float(top["solve_seconds"]),
+                    "its solve s (CPU)": None if top is None else float(top["solve_cpu_seconds"]),
+                    "stopped at": why})
     return pd.DataFrame(out)
 
 
@@ -296,8 +313,10 @@ def write_tables(df: pd.DataFrame, args: argparse.Namespace, final: bool = True)
     lines += [_md(ok[[c for c in cols if c in ok]]), ""]
     bad = df[~df["status"].isin(["optimal", "optimal_inaccurate", "converged", "user_limit"])]
     if len(bad):
-        lines += ["## Stopped runs", "", _md(bad[[c for c in ["model", "solver", "n", "status", "wall_total",
-                                                             "budget", "measured"] if c in bad]]), ""]
+        lines += ["## Stopped runs", "",
+                  "wall_total / cpu_total: wall and CPU seconds of the child process until it ended or was killed.",
+                  "", _md(bad[[c for c in ["model", "solver", "n", "status", "wall_total", "cpu_total",
+                                           "budget", "measured", "load_1min"] if c in bad]]), ""]
     piv = ok.pivot_table(index=["model", "n"], columns="solver", values="solve_seconds")
     if {"clarabel", "scs"} <= set(piv.columns):
         piv["scs / clarabel"] = piv["scs"] / piv["clarabel"]
