@@ -73,6 +73,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     p.add_argument("--out", default="reproduce", help="output directory (default ./reproduce)")
     p.add_argument("--plot", default=None, help="copy the figure to this PNG path as well")
     p.add_argument("--repetitions", type=_positive_int, default=None, help="override the repetitions")
+    p.add_argument("--epsilon", default=None, metavar="E[,E...]",
+                   help="override the privacy levels (pure-DP errors scale exactly as 1/eps^2)")
+    p.add_argument("--max-cells", default=None, metavar="MECH=N[,MECH=N...]",
+                   help="run MECH only up to n = N cells, at every scale (replaces the experiment's caps)")
     p.add_argument("--workers", type=int, default=None, help="local worker processes (0: in this process)")
     p.add_argument("--scheduler", default=None, help="Dask scheduler address")
     p.add_argument("--cache", default=None, help="directory of per-task results (resume and reuse)")
@@ -129,14 +133,42 @@ def _sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def _epsilons(text: str | None) -> list[float] | None:
+    """'1,0.1' -> [1.0, 0.1] (validated by the experiment)."""
+    if text is None:
+        return None
+    try:
+        return [float(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise ValueError(f"--epsilon must be a comma-separated list of numbers, got {text!r}") from None
+
+
+def _max_cells(text: str | None) -> dict[str, int] | None:
+    """'mm-appendix-b=256,lrm=4096' -> {'mm-appendix-b': 256, 'lrm': 4096}."""
+    if text is None:
+        return None
+    from dpopt.mechanisms import MECHANISMS
+
+    caps: dict[str, int] = {}
+    for term in (t.strip() for t in text.split(",") if t.strip()):
+        name, _, value = term.partition("=")
+        if name not in MECHANISMS or not value.isdigit() or int(value) < 1:
+            raise ValueError(f"--max-cells terms are MECH=N with MECH in {', '.join(MECHANISMS)} and N >= 1; "
+                             f"got {term!r}")
+        caps[name] = int(value)
+    return caps
+
+
 def _reproduce(args: argparse.Namespace) -> int:
     import shutil
 
     from dpopt.reproduce import reproduce
 
     _check_workers(args.workers)
-    res = reproduce(args.name, full=args.full, scale=args.scale, out=args.out, max_workers=args.workers, scheduler=args.scheduler,
-                    cache=args.cache, repetitions=args.repetitions, progress=not args.no_progress)
+    res = reproduce(args.name, full=args.full, scale=args.scale, out=args.out, max_workers=args.workers,
+                    scheduler=args.scheduler, cache=args.cache, repetitions=args.repetitions,
+                    epsilons=_epsilons(args.epsilon), max_cells=_max_cells(args.max_cells),
+                    progress=not args.no_progress)
     if args.plot and "png" in res.files:
         shutil.copyfile(res.files["png"], args.plot)
     return 0

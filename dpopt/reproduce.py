@@ -88,19 +88,30 @@ class Experiment:
     # Below the paper's scale, mechanism -> largest n it runs at (slow solvers would dominate the run).
     max_cells: dict[str, int] = field(default_factory=dict)
 
-    def tasks(self, scale: str = "default", repetitions: int | None = None) -> list[Task]:
-        """Every (point, mechanism, eps, repetition) at `scale` as a sweep task."""
+    def tasks(self, scale: str = "default", repetitions: int | None = None,
+              epsilons: Sequence[float] | None = None,
+              max_cells: Mapping[str, int] | None = None) -> list[Task]:
+        """Every (point, mechanism, eps, repetition) at `scale` as a sweep task.
+
+        repetitions, epsilons: override the experiment's (e.g. the paper's n range with one repetition
+        and one eps: pure-DP expected errors scale exactly as 1/eps^2). max_cells: mechanism -> largest
+        n it runs at, at every scale (default: the experiment's caps, below the paper's scale only).
+        """
         scale = check_scale(scale)
         reps = repetitions if repetitions is not None else self.repetitions(scale)
+        eps_list = list(epsilons) if epsilons is not None else self.epsilon(scale)
+        if not eps_list or any(not (math.isfinite(e) and e > 0) for e in eps_list):
+            raise ValueError(f"epsilons must be finite and > 0, got {eps_list}")
+        caps = dict(max_cells) if max_cells is not None else ({} if scale == "full" else self.max_cells)
         data = self.data()
         tasks: list[Task] = []
         for pt in self.points(scale):
             coords = {"panel": pt.panel, "x": pt.x, **pt.sizes}
             for mech in self.mechanisms:
-                if scale != "full" and int(pt.sizes.get("n", 0)) > self.max_cells.get(mech, math.inf):
+                if int(pt.sizes.get("n", 0)) > caps.get(mech, math.inf):
                     continue
                 params = tuple(sorted(pt.params.get(mech, {}).items()))
-                for eps in self.epsilon(scale):
+                for eps in eps_list:
                     for rep in range(reps):
                         tasks.append(
                             Task(
@@ -837,6 +848,8 @@ def reproduce(
     scheduler: str | None = None,
     cache: str | os.PathLike[str] | None = None,
     repetitions: int | None = None,
+    epsilons: Sequence[float] | None = None,
+    max_cells: Mapping[str, int] | None = None,
     progress: bool = True,
     report: bool = True,
     stream: TextIO | None = None,
@@ -844,13 +857,14 @@ def reproduce(
     """Run an experiment, write its CSVs and plot under `out` (None: write nothing), print the comparison.
 
     scale: 'small', 'default' or 'full' (default: 'full' if full else 'default').
+    repetitions, epsilons, max_cells: overrides of the experiment's (see `Experiment.tasks`).
     The report goes to `stream` (default sys.stdout) unless report=False.
     """
     exp = name if isinstance(name, Experiment) else EXPERIMENTS.get(name)
     if exp is None:
         raise ValueError(f"unknown experiment {name!r}; expected one of {', '.join(EXPERIMENTS)}")
     scale = check_scale(scale or ("full" if full else "default"))
-    tasks = exp.tasks(scale, repetitions)
+    tasks = exp.tasks(scale, repetitions, epsilons, max_cells)
     df = run_sweep(tasks, max_workers=max_workers, scheduler=scheduler, cache=cache, progress=progress,
                    desc=exp.name)
     summary = exp.summarise(df) if exp.summarise else figure_summary(df, exp.metric)

@@ -146,3 +146,26 @@ def test_every_registered_experiment_builds_its_tasks():
     ranks = {dict(t.sizes)["x"]: dict(t.params)["rank"] for t in lrm3 if dict(t.sizes)["panel"] == "WRelated"}
     # WRelated(64 x 256, s = 13) has rank 13: r = ceil(ratio * 13).
     assert ranks == {0.8: math.ceil(0.8 * 13), 1.0: 13, 1.2: math.ceil(1.2 * 13), 2.1: math.ceil(2.1 * 13)}
+
+
+def test_overrides_give_the_papers_range_at_one_repetition_and_one_eps():
+    exp = EXPERIMENTS["lrm-fig5"]
+    full = exp.tasks("full")
+    one = exp.tasks("full", repetitions=1, epsilons=[1.0], max_cells={"mm-appendix-b": 256})
+    assert {t.epsilon for t in one} == {1.0} and {t.repetition for t in one} == {0}
+    # the paper's n range is kept; only the capped mechanism stops early
+    ns = lambda ts, m: sorted({dict(t.sizes)["n"] for t in ts if t.mechanism == m})  # noqa: E731
+    assert ns(one, "lrm") == ns(full, "lrm") == rp.LRM_NS
+    assert ns(one, "mm-appendix-b") == [n for n in rp.LRM_NS if n <= 256]
+    assert len(one) == len(rp.LRM_NS) * (len(rp.LRM_BASELINES) + 1) - sum(n > 256 for n in rp.LRM_NS)
+    # the experiment's own caps apply below the paper's scale unless replaced
+    default = exp.tasks("default")
+    assert max(ns(default, "mm-appendix-b")) <= rp.MM_MAX_CELLS["mm-appendix-b"] < max(ns(default, "lrm"))
+    with pytest.raises(ValueError, match="epsilons"):
+        exp.tasks("small", epsilons=[0.0])
+
+
+def test_reproduce_command_rejects_bad_overrides(capsys):
+    assert main(["reproduce", "lrm-fig4", "--scale", "small", "--max-cells", "nope=3"]) == 2
+    assert "--max-cells" in capsys.readouterr().err
+    assert main(["reproduce", "lrm-fig4", "--scale", "small", "--epsilon", "x"]) == 2
