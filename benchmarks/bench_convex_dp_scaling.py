@@ -46,6 +46,28 @@ def _maxrss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def feasible_objective(G: np.ndarray, X: np.ndarray | None, support_rtol: float = 1e-6) -> float:
+    """Error trace(G X^+) of the strategy a conic X defines, made feasible (nan if W is unsupported).
+
+    X is symmetrised, its negative eigenvalues (solver tolerance) clipped to 0, and it is scaled so that
+    max diag X <= 1; the strategy A = X^{1/2} answers W iff range(G) lies in range(X), checked as
+    ||G - P G||_F <= support_rtol ||G||_F with P the projector onto range(X).
+    """
+    if X is None:
+        return float("nan")
+    X = np.asarray(X, dtype=float)
+    lam, V = np.linalg.eigh((X + X.T) / 2)
+    lam = np.clip(lam, 0.0, None)
+    keep = lam > 1e-12 * lam.max()
+    V, lam = V[:, keep], lam[keep]
+    scale = max(1.0, float(np.max((V**2) @ lam)))
+    lam = lam / scale
+    GV = G @ V
+    if np.linalg.norm(G - V @ (V.T @ G)) > support_rtol * np.linalg.norm(G):
+        return float("nan")
+    return float(np.einsum("ij,ij->j", V, GV) @ (1.0 / lam))
+
+
 def child(solver: str, workload: str, n: int, tol: float) -> dict:
     """One measured solve in this (fresh) process; returns the row."""
     from threadpoolctl import threadpool_limits
@@ -74,6 +96,7 @@ def child(solver: str, workload: str, n: int, tol: float) -> dict:
             row["fun_recomputed"] = convex_dp_objective(G, Xs + 1e-12 * np.eye(n))
         except (ValueError, TypeError, AttributeError):
             row["fun_recomputed"] = float("nan")
+        row["fun_feasible"] = feasible_objective(G, model.value("X"))
     else:
         solve_convex_dp(closed_form_gram("prefix", 8), tol=1e-6)  # warm-up
         base = _maxrss_mb()
