@@ -260,10 +260,13 @@ def test_merge_equal_cells_groups_exact_and_near_duplicates_only() -> None:
 
 
 @pytest.mark.parametrize("kind", ["allrange", "prefix", "widthk"])
-def test_merging_does_not_change_the_program(kind: str) -> None:
+def test_merging_and_reflection_do_not_change_the_program(kind: str) -> None:
+    """Well separated eigenvalues (n = 48): one basis up to signs, so every variant solves the same program."""
     G = family(kind, 48)
     merged, plain = solve_eigen_design(G, tol=1e-10), solve_eigen_design(G, tol=1e-10, merge=False)
-    assert merged.success and plain.success
+    full_eigh = solve_eigen_design(G, tol=1e-10, reflect=False)
+    assert merged.success and plain.success and full_eigh.success
     np.testing.assert_allclose(merged.fun, plain.fun, rtol=1e-9)
+    np.testing.assert_allclose(full_eigh.fun, merged.fun, rtol=1e-9)
     np.testing.assert_allclose(merged.x, plain.x, rtol=1e-5, atol=1e-8 * merged.x.max())
     assert plain.extra["groups"] == 48 and merged.extra["groups"] == (24 if kind != "prefix" else 48)
