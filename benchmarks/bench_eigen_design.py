@@ -6,8 +6,11 @@ weights' own) in two forms:
 
 - "newton-cg": the solver as shipped (reflection-adapted eigen-decomposition, one multiplier per
   distinct constraint row);
-- "newton-cg, all cells": the same ascent over all n cell multipliers (merge=False), the degenerate
-  dual that used to stall; run once per row with a wall-clock limit (--plain-limit seconds).
+- "newton-cg, all cells": the same ascent over all n cell multipliers (merge=False);
+- "newton-cg, full eigh": one full eigh instead of the reflection split (reflect=False), so mirrored
+  cells agree only approximately and are not merged: the solver as it was before both changes;
+
+the last two once per row with a wall-clock limit (--plain-limit seconds);
 
 and the CVXPY model `formulations/eigen_design.py` under Clarabel and SCS (tolerance --cvxpy-tol), each in
 its own subprocess and process group, killed after --budget seconds of wall time (imports and build
@@ -22,6 +25,7 @@ the objective as a ratio to the SVD bound, and the relative difference from our 
 second table puts the CPU seconds side by side with the ratios to ours.
 
     .venv/bin/python -m benchmarks.bench_eigen_design [--sizes 256,512,...] [--budget 300] [--quick]
+        [--cvxpy-from benchmarks/results/eigen_design.csv]
 
 writes benchmarks/results/eigen_design.csv and benchmarks/results/eigen_design.md.
 """
@@ -64,10 +68,10 @@ def svdb(lam: np.ndarray, n: int) -> float:
     return float(np.sqrt(np.clip(lam, 0.0, None)).sum() ** 2 / n)
 
 
-def run_ours(G: np.ndarray, repeats: int, tol: float, merge: bool, time_limit: float | None) -> dict:
+def run_ours(G: np.ndarray, repeats: int, tol: float, time_limit: float | None, **options: bool) -> dict:
     walls, cpus, res = [], [], None
     for _ in range(repeats):
-        res = solve_eigen_design(G, tol=tol, complete=False, merge=merge, time_limit=time_limit)
+        res = solve_eigen_design(G, tol=tol, complete=False, time_limit=time_limit, **options)
         walls.append(res.wall_seconds)
         cpus.append(res.cpu_seconds)
         if not res.success:
@@ -119,7 +123,8 @@ def run_cvxpy(name: str, n: int, solver: str, tol: float, budget: float) -> dict
         proc.communicate()
         return {"status": f"budget {budget:g} s exceeded", "wall_total": time.perf_counter() - t0}
     if proc.returncode != 0:
-        return {"status": "error: " + (err.strip().splitlines() or ["?"])[-1][:100],
+        last = (err.strip().splitlines() or ["?"])[-1]
+        return {"status": "error: " + last.split("model eigen_design: ")[-1][:100],
                 "wall_total": time.perf_counter() - t0}
     row = json.loads(out.strip().splitlines()[-1])
     row["wall_total"] = time.perf_counter() - t0
@@ -128,6 +133,7 @@ def run_cvxpy(name: str, n: int, solver: str, tol: float, budget: float) -> dict
 
 def measure(args: argparse.Namespace) -> pd.DataFrame:
     rows: list[dict] = []
+    reused = pd.read_csv(args.cvxpy_from) if args.cvxpy_from else None
     stopped: dict[tuple[str, str], str] = {}
     last_wall: dict[tuple[str, str], tuple[int, float]] = {}
     for n in args.sizes:
@@ -135,19 +141,29 @@ def measure(args: argparse.Namespace) -> pd.DataFrame:
             G = workload(name, n).gram()
             base = {"workload": name, "n": n}
             with threadpool_limits(1):
-                ours = run_ours(G, REPEATS if n <= REPEAT_MAX_N else 1, args.tol, True, None)
+                ours = run_ours(G, REPEATS if n <= REPEAT_MAX_N else 1, args.tol, None)
                 lam = ours.pop("lam")
                 bound = svdb(lam, n)
-                plain = run_ours(G, 1, args.tol, False, args.plain_limit)
+                plain = run_ours(G, 1, args.tol, args.plain_limit, merge=False)
                 plain.pop("lam")
+                before = run_ours(G, 1, args.tol, args.plain_limit, reflect=False)
+                before.pop("lam")
             ref = ours["fun"]
-            for method, r in (("newton-cg", ours), ("newton-cg, all cells", plain)):
+            for method, r in (("newton-cg", ours), ("newton-cg, all cells", plain),
+                              ("newton-cg, full eigh", before)):
                 rows.append({**base, "method": method, **r, "fun/svdb": r["fun"] / bound,
                              "rel_diff": r["fun"] / ref - 1.0})
                 print(rows[-1], flush=True)
             for solver in args.cvxpy:
                 key = (name, solver)
                 method = f"cvxpy {solver}"
+                if reused is not None:
+                    old = reused[(reused["workload"] == name) & (reused["n"] == n) & (reused["method"] == method)]
+                    if len(old):
+                        r = old.iloc[0].to_dict()
+                        rows.append({**r, "fun/svdb": r["fun"] / bound if not pd.isna(r.get("fun")) else None,
+                                     "rel_diff": r["fun"] / ref - 1.0 if not pd.isna(r.get("fun")) else None})
+                    continue
                 if key in stopped:
                     rows.append({**base, "method": method, "status": stopped[key]})
                     continue
@@ -209,7 +225,9 @@ def markdown(df: pd.DataFrame, args: argparse.Namespace) -> str:
         "gap: relative duality gap (ours: the Lagrange certificate recomputed on the full program; CVXPY: "
         "the solver's dual objective). fun/svdb: eigen-design error / SVD bound (P = 1, sens2 = 1); "
         "rel_diff: objective / ours - 1. groups: distinct constraint rows the dual runs over. "
-        f"\"newton-cg, all cells\" is the ascent over all n multipliers (merge=False, limit {args.plain_limit:g} s).",
+        f"\"newton-cg, all cells\": the ascent over all n multipliers (merge=False); \"newton-cg, full eigh\": "
+        f"one full eigh, no merging (reflect=False), the solver before both changes; both limited to "
+        f"{args.plain_limit:g} s." + (f" CVXPY rows reused from {Path(args.cvxpy_from).name}." if args.cvxpy_from else ""),
         "",
         "| " + " | ".join(cols) + " |",
         "|" + "|".join("---:" if c not in ("workload", "method", "status") else "---" for c in cols) + "|",
@@ -254,6 +272,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--plain-limit", type=float, default=120.0)
     p.add_argument("--cvxpy", type=lambda s: tuple(x for x in s.split(",") if x), default=CVXPY_SOLVERS)
     p.add_argument("--out", default="eigen_design")
+    p.add_argument("--cvxpy-from", default=None,
+                   help="CSV of an earlier run whose CVXPY rows are reused instead of solved again")
     args = p.parse_args(argv)
     if args.quick:
         args.sizes = QUICK_SIZES
