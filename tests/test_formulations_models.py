@@ -27,6 +27,11 @@ SCS_TOL = 1e-9  # tightened from SCS's default 1e-4
 # no convergence within 200,000 at 1e-8, while Clarabel agrees with the 1e-6 run to 2e-6).
 # Likewise on appendix_b from n = 32 on (no convergence within 200,000 iterations at 1e-9).
 SCS_TOL_MODEL = {"per_query": 1e-6, "appendix_b": 1e-6}
+# At n = 64, 1e-6 is not enough for appendix_b on AllRange and Prefix: SCS stops there 1.5e-4 and 1.2e-4
+# below Clarabel's optimum (AllRange(64): 69,950 iterations). At 1e-7 it converges (78,125 and 31,425
+# iterations, duality gap < 1e-7) and agrees to 2e-5 and 5e-5 (measured on this machine); the other
+# families agree at 1e-6.
+SCS_TOL_CASE = {("appendix_b", "allrange", 64): 1e-7, ("appendix_b", "prefix", 64): 1e-7}
 GAUSS = Privacy(1.0, 1e-6)
 REFERENCE = Path(__file__).resolve().parents[1] / ".." / "shared" / "reference" / "hdmm-oned.csv"
 
@@ -67,7 +72,8 @@ BUILDERS = {
 def _agree(model_name: str, fam: str, n: int) -> tuple[float, float]:
     w = family(fam, n)
     a = solve(BUILDERS[model_name](w), "clarabel", tol=CLARABEL_TOL)
-    b = solve(BUILDERS[model_name](w), "scs", tol=SCS_TOL_MODEL.get(model_name, SCS_TOL))
+    scs_tol = SCS_TOL_CASE.get((model_name, fam, n), SCS_TOL_MODEL.get(model_name, SCS_TOL))
+    b = solve(BUILDERS[model_name](w), "scs", tol=scs_tol)
     assert a.objective > 0
     rel = abs(a.objective - b.objective) / abs(a.objective)
     assert rel <= AGREE_RTOL, f"{model_name} on {w.name}: clarabel {a.objective} vs scs {b.objective}"
@@ -102,7 +108,11 @@ def test_scs_and_clarabel_agree_n32_allrange_sdp():
 @pytest.mark.parametrize("model_name,fam,n", _cases([16, 32, 64], slow=True))
 def test_scs_and_clarabel_agree_large(model_name, fam, n):
     if n == 64 and model_name in ("per_query", "mm_pure"):
-        pytest.skip("mm_pure has 166k cuts at n = 64 and per_query a 128 x 128 block; see the benchmark")
+        # Measured (benchmarks/results/formulations.md, tol 1e-6, load ~8 on 2 cores): Clarabel needs
+        # 512 s wall and 3.8 GB for mm_pure on AllRange(64) (166k triangle cuts) before SCS at 1e-9 is
+        # even started; SCS does not reach 1e-6 on per_query within 200,000 iterations already on
+        # WRange(48, 48) (optimal_inaccurate after 462 s), and the families here are larger (m = 2n).
+        pytest.skip("mm_pure (Clarabel > 8 min, 3.8 GB) and per_query (SCS does not converge) at n = 64")
     _agree(model_name, fam, n)
 
 
