@@ -264,9 +264,9 @@ def _largest(df: pd.DataFrame) -> pd.DataFrame:
 
 def _commands(df: pd.DataFrame, args: argparse.Namespace) -> list[str]:
     """Argument strings of the invocations that measured the rows, in order of first appearance."""
-    seen = [] if "command" not in df else list(dict.fromkeys(df["command"].dropna()))
+    seen = [] if "command" not in df else list(dict.fromkeys(df.sort_values("measured")["command"].dropna()))
     here = " ".join(args.argv)
-    return seen + ([here] if here not in seen else [])
+    return seen + ([here] if here not in seen and not args.tables_only else [])
 
 
 def write_tables(df: pd.DataFrame, args: argparse.Namespace, final: bool = True) -> None:
@@ -279,8 +279,8 @@ def write_tables(df: pd.DataFrame, args: argparse.Namespace, final: bool = True)
     lines = [
         "# Conic reference models: cost as n grows",
         "",
-        "Commands, in order (each resuming the CSV the previous one wrote; column `command` of the CSV says "
-        "which one measured a row): "
+        "Commands (each resuming the CSV the previous one wrote; column `command` of the CSV says which one "
+        "measured a row): "
         + "; ".join(f"`.venv/bin/python -m benchmarks.bench_formulations {c}`" for c in _commands(df, args)),
         f"Machine: {platform.platform()}, {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs "
         f"(shared with other users), {_mem_total_gb():.0f} GB RAM, python {platform.python_version()}; "
@@ -364,6 +364,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="keep the valid rows of the existing CSV and run only what is missing")
     p.add_argument("--deadline", default=None,
                    help="HH:MM UTC: stop the sweep then; unfinished pairs are marked 'session budget'")
+    p.add_argument("--tables-only", action="store_true",
+                   help="run nothing: rewrite the markdown table from the existing CSV")
     p.add_argument("--out", type=Path, default=RESULTS / "formulations",
                    help="output stem (writes .csv and .md; default benchmarks/results/formulations)")
     args = p.parse_args(argv)
@@ -376,6 +378,12 @@ def main(argv: list[str] | None = None) -> None:
         raise ValueError(f"--budget must be positive seconds, got {args.budget}")
     if args.quick:
         args.budget = min(args.budget, 20.0)
+    if args.tables_only:
+        df = pd.read_csv(args.out.with_suffix(".csv"))
+        args.load_at_start = "not recorded (tables rewritten from the CSV; per run: column load_1min)"
+        args.started_utc = "-"
+        write_tables(df, args)
+        return
     sizes = sorted(args.sizes or (QUICK_SIZES if args.quick else SIZES))
     deadline = _deadline(args.deadline)
     args.load_at_start = ", ".join(f"{x:.1f}" for x in os.getloadavg())
