@@ -26,7 +26,7 @@ The program has k weights and n cell constraints; an interior-point method (Clar
 `formulations/eigen_design.py` is one) forms and factors a dense n x n system at every iteration,
 O(n^3) each, while the dual Newton-CG iteration costs a few O(n k) products, so after the one
 eigen-decomposition the weights cost less than it. What made the ascent stall (AllRange(2048) stopped
-at gap 1.8e-8, AllRange(4096) crawled for 40 iterations) was the problem, not the method: for a workload
+at gap 1.8e-8, AllRange(4096) took 51 iterations and 7.8x the CPU time) was the problem, not the method: for a workload
 symmetric under reversing the cells (J G J = G: ranges, sliding windows, their Kronecker products) the
 eigenvectors are symmetric or antisymmetric, the mirrored cells j, n-1-j have the same constraint, and
 the dual depends only on y_j + y_{n-1-j}. A full eigh breaks that symmetry at the 1e-10 level where
@@ -34,10 +34,10 @@ eigenvalues nearly coincide, and the Newton step, cut at y >= 0 in one cell of a
 no progress. So such G is decomposed in the reflection's two eigenspaces (`_reflection_eigh`: exact
 pairs, and two half-size eigh's, about 4x cheaper); that alone restores convergence (measured: the ascent
 over all n cells then converges at every size), and merging the now equal constraint rows
-(`merge_equal_cells`) halves the multipliers, which cuts the CPU time on Width32 by 1.3-1.8x. Measured
-CPU seconds to gap 1e-8 at n = 4096 (eigen-decomposition included): AllRange 6.2, Prefix 14.7 (no
-reflection symmetry: one full eigh), Width32 11.7; Clarabel took 39 s at AllRange(1024) and over 300 s
-wall at Width32(2048). The certificate is always recomputed on the full, unmerged program.
+(`merge_equal_cells`) halves the multipliers, which cuts the CPU time on Width32 by 1.2-1.9x. Measured
+CPU seconds to gap 1e-8 at n = 4096 (eigen-decomposition included): AllRange 6.8, Prefix 15.6 (no
+reflection symmetry: one full eigh), Width32 10.3; Clarabel took 36 s at AllRange(1024) (240x ours)
+and over 300 s wall at Width32(2048). The certificate is always recomputed on the full, unmerged program.
 
 Where G has a repeated eigenvalue the eigen-design depends on the basis chosen inside its eigenspace
 (WidthK(16, 4) has a double eigenvalue 1: 31.0848 in the reflection-adapted basis, 31.0854 in the basis
