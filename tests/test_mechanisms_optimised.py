@@ -284,3 +284,33 @@ def test_convex_optimum_never_above_other_strategies(wname):
 @pytest.mark.parametrize("wname", [w for w in WORKLOADS if any(_is_slow(o, w) for o in OTHERS)])
 def test_convex_optimum_never_above_slow_strategies(wname):
     _compare_optimum(wname, [o for o in OTHERS if _is_slow(o, wname)])
+
+
+@pytest.mark.parametrize("privacy", [EPS_DELTA, EPS], ids=["eps-delta", "eps"])
+def test_eigen_completion_is_never_worse_and_matches_the_solver(privacy):
+    # Li and Miklau's completion X + diag(1 - diag X) spends unused sensitivity: never worse under L2, and
+    # under eps-DP kept only when it lowers the L1 error.
+    w = AllRange(64)
+    bare = make_mechanism("eigen", complete=False).fit(w, privacy)
+    done = make_mechanism("eigen").fit(w, privacy)
+    assert bare.fit_info_.extra["completed"] is False
+    assert done.expected_error_.total <= bare.expected_error_.total * (1 + 1e-12)
+    if not privacy.is_pure:
+        assert done.fit_info_.extra["completed"] is True
+        assert done.strategy_.sens2 == pytest.approx(1.0, rel=1e-9)
+        # the same number as the solver's own completed objective (P * completed_fun * mean diag G)
+        from dpopt.solvers.eigen_design import solve_eigen_design
+
+        G = w.gram()
+        scale = float(np.mean(np.diag(G)))
+        res = solve_eigen_design(G / scale)
+        P = privacy.variance_factor
+        assert done.expected_error_.total == pytest.approx(P * scale * res.extra["completed_fun"], rel=1e-6)
+        assert done.expected_error_.total < 0.99 * bare.expected_error_.total
+
+
+def test_completion_is_for_the_eigen_design_only():
+    with pytest.raises(ValueError, match="eigen-design strategy only"):
+        make_mechanism("mm-optimal", complete=True)
+    with pytest.raises(ValueError, match="complete must be"):
+        make_mechanism("eigen", complete="yes")

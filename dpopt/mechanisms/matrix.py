@@ -1,7 +1,9 @@
 """Matrix mechanism (seed 003; seed 004 Prop. 3.1): measure A x + noise, answer W A^+ (A x + noise).
 
 The strategy A is given (an ndarray, a sparse matrix or a `Strategy`) or selected from W^T W:
-- "eigen": eigen-design, weights on the eigenvectors of W^T W (seed 003; Li and Miklau 2012);
+- "eigen": eigen-design, weights on the eigenvectors of W^T W (seed 003; Li and Miklau 2012), then by
+  default completed: X + diag(1 - diag X) spends each cell's unused sensitivity (`complete_gram`;
+  `complete=False` keeps the bare eigen design);
 - "optimal": the (eps, delta) convex optimum min trace(W^T W X^-1) s.t. diag(X) <= 1 (seed 002);
 - "appendix-b": the LRM paper's own matrix-mechanism solver (seed 000, Appendix B).
 All three optimise the L2 (Gaussian) objective. Under (eps, delta)-DP the mechanism uses L2 sensitivity
@@ -93,6 +95,32 @@ def factor_gram(X: np.ndarray, factor: str, privacy: Privacy) -> tuple[np.ndarra
     return cands[factor], factor
 
 
+def _ls_error_factor(X: np.ndarray, G: np.ndarray, factor: str, privacy: Privacy) -> float:
+    """sens(A)^2 * trace(G X^+) for the factor A of X that `factor_gram` picks: the error up to P."""
+    A, _ = factor_gram(X, factor, privacy)
+    s = Strategy(A)
+    return s.sensitivity(privacy.norm) ** 2 * float(np.einsum("ij,ji->", G, s.gram_pinv()))
+
+
+def complete_gram(X: np.ndarray, G: np.ndarray, factor: str, privacy: Privacy) -> tuple[np.ndarray, bool]:
+    """Li and Miklau's completion: X + diag(1 - diag X), spending each cell's unused L2 sensitivity.
+
+    X (n x n) with diag(X) <= 1 (an eigen-design Gram). Under (eps, delta) the completed strategy is never
+    worse (trace(G X^-1) can only fall at equal sens2 = 1); it reproduces seed 004's Table 2 eigen column.
+    Under eps-DP the added rows may raise sens1, so the completion is kept only if its error is smaller.
+    Returns (X', whether the completion was applied).
+    """
+    c = np.clip(1.0 - np.diag(X), 0.0, None)
+    if not c.any():
+        return X, False
+    Xc = X + np.diag(c)
+    if not privacy.is_pure:
+        return Xc, True
+    if _ls_error_factor(Xc, G, factor, privacy) < _ls_error_factor(X, G, factor, privacy):
+        return Xc, True
+    return X, False
+
+
 def _strategy_from_given(strategy: Any) -> Strategy:
     """A given strategy as a least-squares Strategy (an explicit B is dropped: the mechanism uses W A^+)."""
     if isinstance(strategy, Strategy):
@@ -118,6 +146,7 @@ class MatrixMechanism(Mechanism):
         factor: str = "auto",
         solver_options: dict[str, Any] | None = None,
         on_unconverged: str = "warn",
+        complete: bool | None = None,
     ) -> None:
         if isinstance(strategy, str):
             if strategy not in STRATEGY_KINDS:
@@ -138,6 +167,12 @@ class MatrixMechanism(Mechanism):
         self.factor = factor
         self.solver_options = dict(solver_options or {})
         self.on_unconverged = check_policy(on_unconverged, self.short_name)
+        if complete not in (None, True, False):
+            raise ValueError(f"{self.short_name}: complete must be True, False or None, got {complete!r}")
+        if complete and strategy != "eigen":
+            raise ValueError(f"{self.short_name}: complete=True applies to the eigen-design strategy only")
+        # default: complete the eigen design (Li and Miklau), leave the other kinds as their solvers chose
+        self.complete = bool(strategy == "eigen" if complete is None else complete)
 
     # -- selection ---------------------------------------------------------------------------------
     def _select(self, workload: Workload, privacy: Privacy) -> Selection:
@@ -157,7 +192,11 @@ class MatrixMechanism(Mechanism):
         result, solver_name, what = self._run_solver(G, workload)
         status, message = solver_status(result, self.short_name, self.on_unconverged)
         X = np.zeros_like(G_full)
-        X[np.ix_(kept, kept)] = self._gram_from_result(result, G, what)
+        Xk = self._gram_from_result(result, G, what)
+        completed = False
+        if self.complete:
+            Xk, completed = complete_gram(Xk, G, self.factor, privacy)
+        X[np.ix_(kept, kept)] = Xk
         A, used = factor_gram(X, self.factor, privacy)
         if privacy.is_pure:
             message = (
@@ -167,6 +206,7 @@ class MatrixMechanism(Mechanism):
         extra: dict[str, Any] = {
             "factor": used,
             "kind": self.strategy,
+            "completed": completed,
             "inference": self.inference,
             "unmeasured_cells": int(G_full.shape[0] - kept.size),
             "solver_fun": float(result.fun),
