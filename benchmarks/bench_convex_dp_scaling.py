@@ -24,15 +24,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+from benchmarks.child import run_module
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parents[1]
@@ -115,19 +115,14 @@ def child(solver: str, workload: str, n: int, tol: float) -> dict:
 
 def run_once(solver: str, workload: str, n: int, tol: float, budget: float) -> dict:
     """`child` in a subprocess with a wall-clock budget; a timeout or crash becomes the status."""
-    cmd = [sys.executable, "-m", "benchmarks.bench_convex_dp_scaling", "--child", solver, workload, str(n), str(tol)]
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    t0 = time.perf_counter()
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=budget, env=env, cwd=ROOT)
-    except subprocess.TimeoutExpired:
-        return {"solver": solver, "workload": workload, "n": n, "tol": tol,
-                "status": f"budget_exceeded ({budget:.0f} s)", "wall_s": float("nan")}
-    if out.returncode != 0:
-        last = (out.stderr.strip().splitlines() or ["?"])[-1]
-        return {"solver": solver, "workload": workload, "n": n, "tol": tol, "status": f"error: {last[:100]}"}
-    row = json.loads(out.stdout.strip().splitlines()[-1])
-    row["process_wall_s"] = time.perf_counter() - t0
+    base = {"solver": solver, "workload": workload, "n": n, "tol": tol}
+    run = run_module("benchmarks.bench_convex_dp_scaling", ["--child", solver, workload, str(n), str(tol)], budget)
+    if run.timed_out:
+        return {**base, "status": f"budget_exceeded ({budget:.0f} s)", "wall_s": float("nan")}
+    if run.returncode != 0:
+        return {**base, "status": f"error: {run.last_error_line(100)}"}
+    row = json.loads(run.stdout.strip().splitlines()[-1])
+    row["process_wall_s"] = run.wall
     return row
 
 

@@ -35,10 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import signal
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -47,6 +44,7 @@ import numpy as np
 import pandas as pd
 from threadpoolctl import threadpool_limits
 
+from benchmarks.child import run_module
 from dpopt.solvers.eigen_design import solve_eigen_design
 from dpopt.workloads import AllRange, Prefix, WidthK, Workload
 
@@ -108,26 +106,14 @@ def child(name: str, n: int, solver: str, tol: float) -> dict:
 
 def run_cvxpy(name: str, n: int, solver: str, tol: float, budget: float) -> dict:
     """`child` in its own process group, killed (SIGKILL to the group) after `budget` wall seconds."""
-    cmd = [sys.executable, "-m", "benchmarks.bench_eigen_design", "--child", name, str(n), solver, str(tol)]
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            cwd=Path(__file__).resolve().parents[1], start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=budget)
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.communicate()
-        return {"status": f"budget {budget:g} s exceeded", "wall_total": time.perf_counter() - t0}
-    if proc.returncode != 0:
-        last = (err.strip().splitlines() or ["?"])[-1]
-        return {"status": "error: " + last.split("model eigen_design: ")[-1][:100],
-                "wall_total": time.perf_counter() - t0}
-    row = json.loads(out.strip().splitlines()[-1])
-    row["wall_total"] = time.perf_counter() - t0
+    run = run_module("benchmarks.bench_eigen_design", ["--child", name, str(n), solver, str(tol)], budget)
+    if run.timed_out:
+        return {"status": f"budget {budget:g} s exceeded", "wall_total": run.wall}
+    if run.returncode != 0:
+        return {"status": "error: " + run.last_error_line(10**6).split("model eigen_design: ")[-1][:100],
+                "wall_total": run.wall}
+    row = json.loads(run.stdout.strip().splitlines()[-1])
+    row["wall_total"] = run.wall
     return row
 
 

@@ -36,14 +36,14 @@ import math
 import os
 import platform
 import resource
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+from benchmarks.child import run_module
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODELS = ("mm_approx", "eigen_design", "appendix_b", "mm_pure", "per_query", "lrm")
@@ -111,15 +111,6 @@ def child(model: str, solver: str, n: int, tol: float) -> dict:
     return row
 
 
-def _limit_memory(limit_bytes: int) -> None:
-    """In the child before exec: cap its address space so a run that would exhaust the shared machine fails."""
-    resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
-
-
-_MEMORY_MARKERS = ("MemoryError", "memory allocation of", "Cannot allocate memory", "std::bad_alloc",
-                   "Unable to allocate")
-
-
 def run_once(model: str, solver: str, n: int, tol: float, timeout: float, mem_limit_gb: float,
              session_capped: bool = False) -> dict:
     """Run `child` in its own process group with a wall-clock timeout and an address-space cap.
@@ -131,42 +122,18 @@ def run_once(model: str, solver: str, n: int, tol: float, timeout: float, mem_li
     shortened by the session deadline (`session_capped`), i.e. the run was stopped before its budget.
     A child that dies from the memory cap gets status "memory_limit"; any other crash "error: <last line>".
     """
-    cmd = [sys.executable, "-m", "benchmarks.bench_formulations", "--child", model, solver, str(n), str(tol)]
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
     base = {"model": model, "solver": solver, "n": n, "tol": tol}
-    limit = int(mem_limit_gb * 2**30)
-    t0, cpu0 = time.perf_counter(), _children_cpu()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            cwd=Path(__file__).resolve().parents[1], start_new_session=True,
-                            preexec_fn=(lambda: _limit_memory(limit)) if limit > 0 else None)
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.communicate()
-        status = "session_budget" if session_capped else "budget_exceeded"
-        return {**base, "status": status, "wall_total": time.perf_counter() - t0,
-                "cpu_total": _children_cpu() - cpu0}
-    wall = time.perf_counter() - t0
-    cpu = _children_cpu() - cpu0
-    if proc.returncode != 0:
-        if any(m in stderr for m in _MEMORY_MARKERS) or proc.returncode == -signal.SIGABRT:
-            status = f"memory_limit ({mem_limit_gb:g} GB)"
-        else:
-            status = "error: " + (stderr.strip().splitlines() or ["?"])[-1][:120]
-        return {**base, "status": status, "wall_total": wall, "cpu_total": cpu}
-    row = json.loads(stdout.strip().splitlines()[-1])
-    row.update(wall_total=wall, cpu_total=cpu)
+    run = run_module("benchmarks.bench_formulations", ["--child", model, solver, str(n), str(tol)], timeout,
+                     int(mem_limit_gb * 2**30))
+    times = {"wall_total": run.wall, "cpu_total": run.cpu}
+    if run.timed_out:
+        return {**base, "status": "session_budget" if session_capped else "budget_exceeded", **times}
+    if run.returncode != 0:
+        status = f"memory_limit ({mem_limit_gb:g} GB)" if run.out_of_memory else "error: " + run.last_error_line()
+        return {**base, "status": status, **times}
+    row = json.loads(run.stdout.strip().splitlines()[-1])
+    row.update(times)
     return row
-
-
-def _children_cpu() -> float:
-    """User + system CPU seconds of all waited-for children so far (the delta around one run is its CPU)."""
-    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return ru.ru_utime + ru.ru_stime
 
 
 def measure(model: str, solver: str, n: int, tol: float, budget: float, repeats: int,

@@ -1,0 +1,80 @@
+"""Run one measurement in a fresh Python process with a wall-clock budget and an optional memory cap.
+
+Benchmarks measure each solve in its own process (clean imports, peak memory of that solve only). The
+child runs in its own process group, BLAS limited to one thread through the environment; at the budget
+the whole group is killed (SIGKILL), so solver threads or grandchildren cannot outlive it.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+MEMORY_MARKERS = ("MemoryError", "memory allocation of", "Cannot allocate memory", "std::bad_alloc",
+                  "Unable to allocate")
+
+
+@dataclass
+class ChildRun:
+    """What a child run produced: exit code (None if killed at the budget), output, wall and CPU seconds."""
+
+    returncode: int | None
+    stdout: str
+    stderr: str
+    wall: float
+    cpu: float
+
+    @property
+    def timed_out(self) -> bool:
+        return self.returncode is None
+
+    @property
+    def out_of_memory(self) -> bool:
+        """The child failed in a way an address-space cap produces (an allocation error or SIGABRT)."""
+        return self.returncode not in (None, 0) and (
+            any(m in self.stderr for m in MEMORY_MARKERS) or self.returncode == -signal.SIGABRT)
+
+    def last_error_line(self, width: int = 120) -> str:
+        return (self.stderr.strip().splitlines() or ["?"])[-1][:width]
+
+
+def _children_cpu() -> float:
+    """User + system CPU seconds of all waited-for children so far (the delta around one run is its CPU)."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def run_module(module: str, args: list[str], budget: float, mem_limit_bytes: int = 0) -> ChildRun:
+    """`python -m module *args` from the repository root; killed with its process group after `budget` s.
+
+    mem_limit_bytes > 0 caps the child's address space (RLIMIT_AS), so a run that would exhaust a shared
+    machine fails instead. CPU seconds are counted also for a killed run.
+    """
+    cmd = [sys.executable, "-m", module, *args]
+    env = dict(os.environ, **ONE_THREAD)
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (mem_limit_bytes, mem_limit_bytes))
+
+    t0, cpu0 = time.perf_counter(), _children_cpu()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+                            start_new_session=True, preexec_fn=cap if mem_limit_bytes > 0 else None)
+    try:
+        out, err = proc.communicate(timeout=budget)
+        code: int | None = proc.returncode
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        out, err = proc.communicate()
+        code = None
+    return ChildRun(code, out or "", err or "", time.perf_counter() - t0, _children_cpu() - cpu0)
