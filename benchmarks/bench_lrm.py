@@ -40,6 +40,7 @@ import numpy as np
 import pandas as pd
 from threadpoolctl import threadpool_limits
 
+from benchmarks.tables import pipe_table
 from dpopt.error import expected_error
 from dpopt.privacy import Privacy
 from dpopt.solvers.lrm import numerical_rank, solve_lrm
@@ -137,17 +138,6 @@ def run(repeats: int, budget: float, max_n: int, quick: bool) -> pd.DataFrame:
     return table
 
 
-def _fmt(df: pd.DataFrame, cols: list[str]) -> str:
-    out = df[cols].copy()
-    for c in cols:
-        if out[c].dtype.kind == "f":
-            out[c] = out[c].map(lambda v: f"{v:.4g}")
-    header = "| " + " | ".join(cols) + " |"
-    sep = "|" + "---|" * len(cols)
-    body = ["| " + " | ".join(str(v) for v in row) + " |" for row in out.itertuples(index=False)]
-    return "\n".join([header, sep, *body])
-
-
 def write(table: pd.DataFrame, repeats: int, budget: float) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     table.to_csv(RESULTS / "lrm.csv", index=False)
@@ -171,7 +161,7 @@ def write(table: pd.DataFrame, repeats: int, budget: float) -> None:
             part = table[(table.workload == kind) & (table.gamma == gamma)]
             if len(part):
                 extra = ", s = 0.2 min(m, n)" if kind == "WRelated" else ""
-                lines += [f"## {kind}{extra}, gamma = {gamma:g}", "", _fmt(part, cols), ""]
+                lines += [f"## {kind}{extra}, gamma = {gamma:g}", "", pipe_table(part, cols), ""]
     (RESULTS / "lrm.md").write_text("\n".join(lines))
 
 
@@ -270,7 +260,7 @@ def write_quality(table: pd.DataFrame, paper: pd.DataFrame) -> None:
         "'after' is the default (starts svd, identity when W uses <= r cells, one seeded random start,",
         "then one refinement round from the best), and its CPU seconds include the 'before' run.",
         "",
-        _fmt(table, cols),
+        pipe_table(table, cols),
         "",
     ]
     if len(paper):
@@ -283,7 +273,7 @@ def write_quality(table: pd.DataFrame, paper: pd.DataFrame) -> None:
             "",
             "Default solver options; outer_it and cpu_s summed over all runs (starts and refinement).",
             "",
-            _fmt(paper, pcols),
+            pipe_table(paper, pcols),
             "",
         ]
     (RESULTS / "lrm_quality.md").write_text("\n".join(lines))

@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 from threadpoolctl import threadpool_limits
 
+from benchmarks.tables import pipe_table
 from dpopt.error import expected_error
 from dpopt.privacy import Privacy
 from dpopt.solvers.orthogonal import orthogonal_strategy, sensitivity_l1, w_tau_matrix
@@ -112,17 +113,6 @@ def run(seeds: int, repeats: int, quick: bool) -> pd.DataFrame:
     return table
 
 
-def _fmt(df: pd.DataFrame, cols: list[str]) -> str:
-    out = df[cols].copy()
-    for c in cols:
-        if out[c].dtype.kind == "f":
-            out[c] = out[c].map(lambda v: f"{v:.4g}")
-    header = "| " + " | ".join(cols) + " |"
-    sep = "|" + "---|" * len(cols)
-    body = ["| " + " | ".join(str(v) for v in row) + " |" for row in out.itertuples(index=False)]
-    return "\n".join([header, sep, *body])
-
-
 def write(table: pd.DataFrame, seeds: int, repeats: int) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     table.to_csv(RESULTS / "orthogonal.csv", index=False)
@@ -140,11 +130,11 @@ def write(table: pd.DataFrame, seeds: int, repeats: int) -> None:
         "",
         "## Figures 2 and 4: varying m, n = 1000",
         "",
-        _fmt(table[table.figure == "fig2_fig4"], cols),
+        pipe_table(table[table.figure == "fig2_fig4"], cols),
         "",
         "## Figures 3 and 5: varying n, m = 200",
         "",
-        _fmt(table[table.figure == "fig3_fig5"], cols),
+        pipe_table(table[table.figure == "fig3_fig5"], cols),
         "",
         "## Figure 1: varying eps, m = 200, n = 1000 (average squared error per query)",
         "",
@@ -158,11 +148,11 @@ def write(table: pd.DataFrame, seeds: int, repeats: int) -> None:
                 eps_rows.append({"tau": r["tau"], "mechanism": name,
                                  **{f"eps={e:g}": r[col] / r["m"] / e**2 for e in EPS_SWEEP}})
         eps_df = pd.DataFrame(eps_rows)
-        lines += [_fmt(eps_df, list(eps_df.columns)), ""]
+        lines += [pipe_table(eps_df, list(eps_df.columns)), ""]
     lines += [
         "## Below the paper's sizes: m = 4..16, n = 1000 (multi-cell sub-domains)",
         "",
-        _fmt(table[table.figure == "small_m"], ["basis", *cols, "queries_s"]),
+        pipe_table(table[table.figure == "small_m"], ["basis", *cols, "queries_s"]),
         "",
     ]
     (RESULTS / "orthogonal.md").write_text("\n".join(lines))
