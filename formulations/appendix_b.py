@@ -31,8 +31,9 @@ import numpy as np
 
 from dpopt.strategy import Strategy
 from dpopt.workloads import Workload
-from formulations.inputs import embed_columns, gram_data, gram_scale, psd_part, thin_factor
+from formulations.inputs import embed_columns, psd_part
 from formulations.model import Model
+from formulations.schur import schur_block
 
 NAME = "appendix_b"
 
@@ -51,13 +52,9 @@ def build(
     workload's units. mu (> 0) is in those units too.
     """
     t0 = time.perf_counter()
-    data = gram_data(workload_or_gram, zero_columns=zero_columns)
-    c = gram_scale(data.G)
-    V = thin_factor(data.G / c)
-    n, k = data.G.shape[0], V.shape[0]
-    M = cp.Variable((n, n), symmetric=True, name="M")
-    Y = cp.Variable((k, k), symmetric=True, name="Y")
-    constraints = [cp.bmat([[M, V.T], [V, Y]]) >> 0, cp.trace(Y) <= 1]
+    b = schur_block(workload_or_gram, zero_columns, x_name="M")
+    data, c, M, Y = b.data, b.scale, b.X, b.Y
+    constraints = [b.lmi, cp.trace(Y) <= 1]
     variables = {"M": M, "Y": Y}
     if mu is None:
         s = cp.Variable(name="s")

@@ -26,8 +26,9 @@ from dpopt.bounds import svd_bound_from_gram
 from dpopt.privacy import Privacy
 from dpopt.strategy import Strategy
 from dpopt.workloads import GramWorkload, Workload
-from formulations.inputs import embed_columns, gram_data, gram_scale, psd_part, thin_factor
+from formulations.inputs import embed_columns, gram_data, psd_part
 from formulations.model import Model
+from formulations.schur import schur_block
 
 NAME = "mm_approx"
 # A recovered strategy must reproduce W within this relative Frobenius residual.
@@ -42,16 +43,9 @@ def build(workload_or_gram: Workload | np.ndarray, *, zero_columns: str = "error
     Gram matrix divided by s = trace(G)/n; Model.scale = s restores the workload's units.
     """
     t0 = time.perf_counter()
-    data = gram_data(workload_or_gram, zero_columns=zero_columns)
-    s = gram_scale(data.G)
-    V = thin_factor(data.G / s)
-    n, k = data.G.shape[0], V.shape[0]
-    X = cp.Variable((n, n), symmetric=True, name="X")
-    Y = cp.Variable((k, k), symmetric=True, name="Y")
-    problem = cp.Problem(
-        cp.Minimize(cp.trace(Y)),
-        [cp.bmat([[X, V.T], [V, Y]]) >> 0, cp.diag(X) <= 1],
-    )
+    b = schur_block(workload_or_gram, zero_columns)
+    data, s, X, Y = b.data, b.scale, b.X, b.Y
+    problem = cp.Problem(cp.Minimize(cp.trace(Y)), [b.lmi, cp.diag(X) <= 1])
     return Model(
         name=NAME,
         problem=problem,

@@ -51,8 +51,8 @@ import scipy.sparse as sp
 
 from dpopt.privacy import Privacy
 from dpopt.workloads import Workload
-from formulations.inputs import gram_data, gram_scale, thin_factor
 from formulations.model import Model
+from formulations.schur import schur_block
 
 NAME = "mm_pure"
 CUTS = ("triangle", None)
@@ -100,13 +100,10 @@ def build(
     if cuts not in CUTS:
         raise ValueError(f"cuts must be one of {CUTS}, got {cuts!r}")
     t0 = time.perf_counter()
-    data = gram_data(workload_or_gram, zero_columns=zero_columns)
-    s = gram_scale(data.G)
-    V = thin_factor(data.G / s)
-    n, k = data.G.shape[0], V.shape[0]
-    X = cp.Variable((n, n), symmetric=True, name="X")
-    Y = cp.Variable((k, k), symmetric=True, name="Y")
-    constraints = [cp.bmat([[X, V.T], [V, Y]]) >> 0, cp.diag(X) <= 1]
+    b = schur_block(workload_or_gram, zero_columns)
+    data, s, X, Y = b.data, b.scale, b.X, b.Y
+    n = data.G.shape[0]
+    constraints = [b.lmi, cp.diag(X) <= 1]
     variables = {"X": X, "Y": Y}
     if cuts == "triangle" and n >= 3:
         constraints.append(triangle_matrix(n) @ cp.vec(X, order="F") >= -1)
