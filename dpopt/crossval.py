@@ -202,6 +202,10 @@ def _ref_lrm(inst: Instance, solver: str) -> Side:
     B, L = res.x
     f, resid = lrm_objective(B, L, W)
     note = f"residual {resid:.1e}"
+    uncertified = sum((res.extra or {}).get("uncertified_blocks", {}).values())
+    if uncertified:  # blocks whose own optimality bound stayed above rtol |J| (formulations.lrm)
+        worst = max((res.extra or {}).get("max_block_gap", {}).values())
+        note += f"; {uncertified} of {res.extra['n_blocks']} blocks above rtol, worst {worst:.1e} |J|"
     return Side(f if resid <= LRM_RESIDUAL_RTOL else math.inf, float(res.fun), str(res.status), wall, cpu,
                 int(res.nit), note)
 
