@@ -33,6 +33,7 @@ noise on data and noise on queries. Writes benchmarks/results/lrm_quality.{csv,m
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from pathlib import Path
 
@@ -243,7 +244,7 @@ def run_quality(quick: bool) -> tuple[pd.DataFrame, pd.DataFrame]:
     return pd.DataFrame(rows), pd.DataFrame(paper)
 
 
-def write_quality(table: pd.DataFrame, paper: pd.DataFrame) -> None:
+def write_quality(table: pd.DataFrame, paper: pd.DataFrame, paper_only: bool = False) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     table.to_csv(RESULTS / "lrm_quality.csv", index=False)
     cols = ["instance", "rank_W", "r", "before_objective", "after_objective", "before_over_nod",
@@ -272,6 +273,10 @@ def write_quality(table: pd.DataFrame, paper: pd.DataFrame) -> None:
             "## Paper scale (seed 000, Table 1 defaults: m = 256, n = 1024, gamma = 0.01)",
             "",
             "Default solver options; outer_it and cpu_s summed over all runs (starts and refinement).",
+            *(["Re-measured alone with `--quality --paper-only` after changes to the solver (the table above",
+                "is from the last full `--quality` run)."] if paper_only else []),
+            f"Load average at the end of this run: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (wall > cpu",
+            "means the run waited for a core).",
             "",
             pipe_table(paper, pcols),
             "",
@@ -288,7 +293,16 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="only the two smallest n")
     parser.add_argument("--quality", action="store_true",
                         help="before/after decomposition quality and the paper-scale check instead")
+    parser.add_argument("--paper-only", action="store_true",
+                        help="with --quality: re-measure only the paper-scale rows (keeps lrm_quality.csv)")
     args = parser.parse_args()
+    if args.quality and args.paper_only:
+        with threadpool_limits(1):
+            paper = pd.DataFrame([paper_row(label, np.asarray(make().matrix(), dtype=float))
+                                  for label, make in PAPER])
+        write_quality(pd.read_csv(RESULTS / "lrm_quality.csv"), paper, paper_only=True)
+        print((RESULTS / "lrm_quality.md").read_text())
+        return
     if args.quality:
         table, paper = run_quality(args.quick)
         write_quality(table, paper)
