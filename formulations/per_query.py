@@ -31,9 +31,37 @@ with one (k + n) block whatever the number of queries (the m variance bounds are
 direct form with one block [[X, w_i^T], [w_i, c_i]] PSD per query is equivalent but has m blocks,
 which interior-point solvers factor slowly (about 30 s for a 16-cell, 32-query instance here). The
 variance bounds keep S bounded and diag(Z) <= t keeps S^{-1} bounded, so the optimum is attained
-with S > 0. It is feasible for every c > 0. The strategy returned is A with A^T A = X / t (sens2 = 1),
-X = U S^{-1} U^T; under a privacy setting with variance factor P (Privacy.variance_factor) query i
-then has variance P * t * w_i X^+ w_i^T <= P t c_i, so the bounds hold exactly when P = 1 / t.
+with S > 0. It is feasible for every c > 0.
+
+Whitened basis (what is built). Any invertible R (k x k) gives an equivalent program in S' with
+S = R S' R^T: the variances are (v_i R) S' (v_i R)^T and U S^{-1} U^T = (U R^{-1}) S'^{-1} (U R^{-1})^T,
+so the block becomes [[S', (U R^{-1})^T], [U R^{-1}, Z]] with the same t, Z and optimum. The model
+uses R = (V^T C^{-1} V)^{-1/2} (C = diag(c) over the nonzero queries; V has rank k, so this is
+positive definite) and divides bound i by c_i:
+
+    minimise t  s.t.  [[S', L^T], [L, Z]] PSD,  diag(Z) <= t,  p_i S' p_i^T <= 1 (i with w_i != 0),
+
+with p_i = v_i R / sqrt(c_i) and L = U R^{-1} (n x k). The rows p_i form a tight frame,
+sum_i p_i^T p_i = R (V^T C^{-1} V) R = I: the bound rows, the only non-trivial coefficients of the
+program (the PSD block enters as a selection of variables plus the constant L), weigh every direction
+of S' alike taken together, and the spread of the singular values of W and of the bounds c moves into
+L, a constant. Zero queries are dropped (their bound 0 <= c_i always holds), and scaling W by a and c
+by a^2 changes none of p_i, L or t. Why: in the orthonormal basis U the only non-trivial coefficients
+are the v_i, whose spread follows the singular values of W and the bounds, and SCS (first order,
+eps 1e-6) needed 101,625 iterations on WidthK(16, 4), 59,525 on WidthK(48, 12) and stopped
+optimal_inaccurate after 61,950 (240 s limit) on WidthK(64, 16) (W there has rank n - K + 1 and
+condition number 10 to 40); whitened, it needs 14,525, 600 and 1,050, and every family of
+tests/test_formulations_models.py converges at n = 64. Measured and not adopted: normalising the
+rows only (v_i / sqrt(c_i): 2 to 5 times fewer iterations on WidthK), scaling t (0.1 t: 3.6 times
+fewer at n = 32, 10 t: 2 times more), SCS settings (scale, adaptive_scale, normalize, acceleration:
+at most 1.9 times fewer), dropping duplicate queries (none in these families but three in
+WRange(64, 32), no gain) and the conic dual (9,275 iterations on WidthK(64, 16), but
+optimal_inaccurate within 100 s on AllRange(48)). S' is the estimate's covariance in the coordinates
+U R; S = R S' R is its covariance in the basis U.
+
+The strategy returned is A with A^T A = X / t (sens2 = 1), X = L S'^{-1} L^T = U S^{-1} U^T; under a
+privacy setting with variance factor P (Privacy.variance_factor) query i then has variance
+P * t * w_i X^+ w_i^T <= P t c_i, so the bounds hold exactly when P = 1 / t.
 """
 
 from __future__ import annotations
@@ -53,6 +81,25 @@ from formulations.model import Model
 NAME = "per_query"
 
 
+def whitened_rows(V: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Whitening of the variance bounds (module docstring, "Whitened basis"): P, R and R^{-1}.
+
+    V: the nonzero queries in the row-space basis, v_i = w_i U (m' x k, rank k); c: their bounds (m',),
+    all > 0. R = (V^T C^{-1} V)^{-1/2} (k x k, symmetric positive definite) and P = C^{-1/2} V R
+    (m' x k), whose rows satisfy P^T P = I; v_i S v_i^T <= c_i iff p_i S' p_i^T <= 1 for S = R S' R.
+    """
+    M = V.T @ (V / c[:, None])
+    lam, Q = np.linalg.eigh((M + M.T) / 2)
+    if lam[0] <= 0:
+        raise ValueError(
+            f"V^T C^-1 V must be positive definite (rank {V.shape[1]}); smallest eigenvalue {lam[0]}"
+        )
+    R = (Q / np.sqrt(lam)) @ Q.T
+    R_inv = (Q * np.sqrt(lam)) @ Q.T
+    P = (V @ R) / np.sqrt(c)[:, None]
+    return P, R, R_inv
+
+
 def build(
     workload: Workload | np.ndarray,
     bounds: np.ndarray | float,
@@ -64,9 +111,11 @@ def build(
     workload: a dpopt Workload with rows, or the query matrix W (m x n) itself.
     bounds: c (m,) or one number for every query: the largest variance each query may have under unit
         noise. Must be > 0 for every nonzero query (a zero query has variance 0 and any c_i >= 0).
-    Variables: S (k x k, the estimate's covariance in the row-space basis U, k = rank W), Z (n x n),
-    t (scalar). For conditioning W is divided by its largest absolute entry a and c by a^2 before
-    solving; this leaves S and t unchanged (Model.scale = 1).
+    Built in the whitened basis of the module docstring: variables S' (k x k, the estimate's covariance
+    in the coordinates U R, k = rank W), Z (n x n), t (scalar); constants P (m' x k, one row per
+    nonzero query, P^T P = I) and L = U R^{-1} (n x k). Model.scale = 1 (t is unchanged by scaling W).
+    model.data: "gram", "W", "bounds" (c as given), "basis" (L, so that X = L S'^{-1} L^T), "U" (the
+    orthonormal row-space basis), "R" (S = R S' R), "rows" (P).
     """
     t0 = time.perf_counter()
     W, data = workload_matrix(workload, zero_columns=zero_columns)
@@ -80,13 +129,12 @@ def build(
             f"per-query variance bounds must be > 0 for every nonzero query (and >= 0 for zero ones); "
             f"{bad} are not"
         )
-    a = float(np.abs(W).max())
-    Ws, cs = W / a, c / a**2
-    _, sing, Vt = np.linalg.svd(Ws, full_matrices=False)
+    _, sing, Vt = np.linalg.svd(W, full_matrices=False)
     # n x k orthonormal basis of the row space (singular values, hence the square root of the
     # eigenvalue cut used for thin factors).
     U = Vt[sing > math.sqrt(THIN_FACTOR_RTOL) * sing[0]].T
-    V = Ws @ U  # m x k
+    P, R, R_inv = whitened_rows(W[row_nonzero] @ U, c[row_nonzero])
+    L = U @ R_inv
     n, k = U.shape
     S = cp.Variable((k, k), symmetric=True, name="S")
     Z = cp.Variable((n, n), symmetric=True, name="Z")
@@ -94,9 +142,9 @@ def build(
     problem = cp.Problem(
         cp.Minimize(t),
         [
-            cp.bmat([[S, U.T], [U, Z]]) >> 0,
+            cp.bmat([[S, L.T], [L, Z]]) >> 0,
             cp.diag(Z) <= t,
-            cp.sum(cp.multiply(V @ S, V), axis=1) <= cs,
+            cp.sum(cp.multiply(P @ S, P), axis=1) <= 1.0,
         ],
     )
     return Model(
@@ -106,15 +154,15 @@ def build(
         scale=1.0,
         recover=to_strategy,
         build_seconds=time.perf_counter() - t0,
-        data={"gram": data, "W": W, "bounds": c, "basis": U},
+        data={"gram": data, "W": W, "bounds": c, "basis": L, "U": U, "R": R, "rows": P},
     )
 
 
 def strategy_gram(model: Model) -> np.ndarray:
-    """X = U S^{-1} U^T (n_kept x n_kept), the optimal strategy Gram matrix (rank k = rank W)."""
+    """X = L S'^{-1} L^T = U S^{-1} U^T (n_kept x n_kept), the optimal strategy Gram matrix (rank k)."""
     S = psd_part(model.value("S"), f"S of model {model.name}")
-    U = model.data["basis"]
-    return U @ np.linalg.solve(S, U.T)
+    L = model.data["basis"]
+    return L @ np.linalg.solve(S, L.T)
 
 
 def to_strategy(model: Model) -> Strategy:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import cvxpy as cp
 import numpy as np
 import pytest
 
@@ -23,8 +24,10 @@ AGREE_RTOL = 1e-4  # SCS (tightened) vs Clarabel, relative
 # the agreement asked for.
 CLARABEL_TOL = 1e-6
 SCS_TOL = 1e-9  # tightened from SCS's default 1e-4
-# SCS converges slowly on per_query (e.g. WidthK(8, 2): 1,500 iterations at 1e-6, 56,000 at 1e-7 and
-# no convergence within 200,000 at 1e-8, while Clarabel agrees with the 1e-6 run to 2e-6).
+# SCS converges slowly on per_query at tight tolerances, most on WidthK (whitened model, measured here:
+# WidthK(16, 4) takes 14,525 iterations at 1e-6 and 58,575 at 1e-7; 1e-6 agrees with Clarabel to 3e-6
+# there and to 2.2e-6 or better on Prefix, WidthK, WRange and WRelated at n = 64, WidthK(64, 16) in
+# 1,050 iterations).
 # Likewise on appendix_b from n = 32 on (no convergence within 200,000 iterations at 1e-9).
 SCS_TOL_MODEL = {"per_query": 1e-6, "appendix_b": 1e-6}
 # At n = 64, 1e-6 is not enough for appendix_b on AllRange and Prefix: SCS stops there 1.5e-4 and 1.2e-4
@@ -88,8 +91,6 @@ def _cases(sizes, slow: bool):
             for fam in FAMILIES:
                 # From n = 32 on, every SDP takes Clarabel several seconds on this machine.
                 expensive = n >= 32 and model_name != "eigen_design"
-                # SCS needs ~100,000 iterations for per_query on WidthK(16, 4) at 1e-6 (20 s).
-                expensive |= (model_name, fam, n) == ("per_query", "widthk", 16)
                 if expensive == slow:
                     out.append((model_name, fam, n))
     return out
@@ -107,12 +108,11 @@ def test_scs_and_clarabel_agree_n32_allrange_sdp():
 @pytest.mark.slow
 @pytest.mark.parametrize("model_name,fam,n", _cases([16, 32, 64], slow=True))
 def test_scs_and_clarabel_agree_large(model_name, fam, n):
-    if n == 64 and model_name in ("per_query", "mm_pure"):
+    if n == 64 and model_name == "mm_pure":
         # Measured (benchmarks/results/formulations.md, tol 1e-6, load ~8 on 2 cores): Clarabel needs
         # 512 s wall and 3.8 GB for mm_pure on AllRange(64) (166k triangle cuts) before SCS at 1e-9 is
-        # even started; SCS does not reach 1e-6 on per_query within 200,000 iterations already on
-        # WRange(48, 48) (optimal_inaccurate after 462 s), and the families here are larger (m = 2n).
-        pytest.skip("mm_pure (Clarabel > 8 min, 3.8 GB) and per_query (SCS does not converge) at n = 64")
+        # even started.
+        pytest.skip("mm_pure at n = 64 (Clarabel > 8 min, 3.8 GB)")
     _agree(model_name, fam, n)
 
 
@@ -347,6 +347,69 @@ def test_per_query_with_the_sdp_variances_costs_at_most_one():
     W = w.matrix()
     v = per_query.query_variances(solve(mm_approx.build(w), "clarabel").strategy, W)
     assert solve(per_query.build(w, v * 1.01), "clarabel").objective <= 1.0 / 1.01 * (1 + 1e-6)
+
+
+def _per_query_orthonormal_basis(W: np.ndarray, c: np.ndarray) -> float:
+    """The per-query SDP in the orthonormal row-space basis (before whitening), solved by Clarabel."""
+    _, sing, Vt = np.linalg.svd(W, full_matrices=False)
+    U = Vt[sing > 1e-6 * sing[0]].T
+    V = W @ U
+    n, k = U.shape
+    S = cp.Variable((k, k), symmetric=True)
+    Z = cp.Variable((n, n), symmetric=True)
+    t = cp.Variable()
+    problem = cp.Problem(
+        cp.Minimize(t),
+        [
+            cp.bmat([[S, U.T], [U, Z]]) >> 0,
+            cp.diag(Z) <= t,
+            cp.sum(cp.multiply(V @ S, V), axis=1) <= c,
+        ],
+    )
+    return solve(problem, "clarabel", tol=1e-9).objective
+
+
+@pytest.mark.parametrize("fam", ["widthk", "wrange", "wrelated"])
+def test_per_query_whitened_model_has_the_orthonormal_basis_optimum(fam):
+    # The whitening S = R S' R is a change of variables: same t. A zero query (bound 0) is appended to
+    # check that dropping it before whitening loses nothing.
+    W = np.vstack([family(fam, 8).matrix(), np.zeros((1, 8))])
+    c = np.append(per_query_bounds(W[:-1]), 0.0)
+    model = per_query.build(W, c)
+    t = solve(model, "clarabel", tol=1e-9).objective
+    assert t == pytest.approx(_per_query_orthonormal_basis(W[:-1], c[:-1]), rel=1e-7)
+    # Every bound holds for the recovered strategy at variance factor 1 / t, one is active.
+    ratio = per_query.query_variances(per_query.to_strategy(model), W[:-1]) / (t * c[:-1])
+    assert ratio.max() == pytest.approx(1.0, rel=1e-6)
+
+
+def test_per_query_whitened_rows_form_a_tight_frame():
+    w = family("wrange", 8)
+    W = w.matrix()
+    c = per_query_bounds(W)
+    model = per_query.build(w, c)
+    P, R, U, L = (model.data[key] for key in ("rows", "R", "U", "basis"))
+    k = U.shape[1]
+    np.testing.assert_allclose(P.T @ P, np.eye(k), atol=1e-12)
+    np.testing.assert_allclose(L @ R, U, atol=1e-12)
+    # c_i p_i S' p_i^T is the variance v_i S v_i^T of query i with S = R S' R (v_i = w_i U).
+    rng = np.random.default_rng(3)
+    G = rng.standard_normal((k, k))
+    S_white = G @ G.T
+    S = R @ S_white @ R
+    np.testing.assert_allclose(
+        c * np.einsum("ij,jk,ik->i", P, S_white, P),
+        np.einsum("ij,jk,ik->i", W @ U, S, W @ U),
+        rtol=1e-10,
+    )
+    # X = L S'^{-1} L^T = U S^{-1} U^T.
+    np.testing.assert_allclose(
+        L @ np.linalg.solve(S_white, L.T), U @ np.linalg.solve(S, U.T), rtol=1e-9, atol=1e-12
+    )
+    # Scaling W by a and c by a^2 leaves the whitened data unchanged.
+    scaled = per_query.build(7.0 * W, 49.0 * c)
+    np.testing.assert_allclose(np.abs(scaled.data["rows"]), np.abs(P), atol=1e-12)
+    np.testing.assert_allclose(scaled.data["basis"] @ scaled.data["basis"].T, L @ L.T, atol=1e-12)
 
 
 # --- published reference: HDMM's 1-D table at n = 128 (slow: SCS on a 256 x 256 block) -----------------
