@@ -154,7 +154,9 @@ def write(table: pd.DataFrame, repeats: int, budget: float) -> None:
         "LRM beats noise on data / noise on queries; lrm_over_lower is LRM over 2 SVDB(W) / eps^2.",
         "gamma = 0 requires ||W - B L||_F <= 1e-6 ||W||_F; gamma = 0.01 (Table 1's default) bounds",
         "||W - B L||_F by 0.01 (run for n <= 256 only: with ||W||_F in the hundreds it is nearly",
-        "exact) and its error columns are the noise part only (Theorem 3).",
+        "exact) and its error columns are the noise part only (Theorem 3). The solver runs with its",
+        "default options (several starts, then one refinement round; outer_it, inner_it and cpu_s",
+        "count all of them). Command: `python -m benchmarks.bench_lrm [--repeats 3 --budget 60]`.",
         "",
     ]
     for gamma in GAMMAS:
