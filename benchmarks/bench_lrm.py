@@ -232,18 +232,24 @@ def paper_row(label: str, W: np.ndarray) -> dict:
     }
 
 
+def run_paper() -> pd.DataFrame:
+    """The paper-scale rows (`paper_row` on every PAPER instance)."""
+    paper = []
+    with threadpool_limits(1):
+        for label, make in PAPER:
+            paper.append(paper_row(label, np.asarray(make().matrix(), dtype=float)))
+            print(paper[-1], flush=True)
+    return pd.DataFrame(paper)
+
+
 def run_quality(quick: bool) -> tuple[pd.DataFrame, pd.DataFrame]:
     quality = QUALITY[6:] if quick else QUALITY
-    rows, paper = [], []
+    rows = []
     with threadpool_limits(1):
         for label, make in quality:
             rows.append(quality_row(label, np.asarray(make().matrix(), dtype=float)))
             print(rows[-1], flush=True)
-        if not quick:
-            for label, make in PAPER:
-                paper.append(paper_row(label, np.asarray(make().matrix(), dtype=float)))
-                print(paper[-1], flush=True)
-    return pd.DataFrame(rows), pd.DataFrame(paper)
+    return pd.DataFrame(rows), (pd.DataFrame() if quick else run_paper())
 
 
 def write_quality(table: pd.DataFrame, paper: pd.DataFrame, paper_only: bool = False) -> None:
@@ -299,10 +305,7 @@ def main() -> None:
                         help="with --quality: re-measure only the paper-scale rows (keeps lrm_quality.csv)")
     args = parser.parse_args()
     if args.quality and args.paper_only:
-        with threadpool_limits(1):
-            paper = pd.DataFrame([paper_row(label, np.asarray(make().matrix(), dtype=float))
-                                  for label, make in PAPER])
-        write_quality(pd.read_csv(RESULTS / "lrm_quality.csv"), paper, paper_only=True)
+        write_quality(pd.read_csv(RESULTS / "lrm_quality.csv"), run_paper(), paper_only=True)
         print((RESULTS / "lrm_quality.md").read_text())
         return
     if args.quality:
