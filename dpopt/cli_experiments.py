@@ -20,6 +20,7 @@ config file (TOML or JSON), e.g.:
   repetitions = 3                # random workloads get a fresh seed per repetition
   monte_carlo_trials = 0         # > 1 adds sampled errors
   data = "npy:PATH"              # optional data vector (merged to n cells) or "poisson:MEAN"
+  shared_fits = false            # true: one fit per point serves every eps and delta
   [sizes]
   n = [64, 128]
   m = [32]

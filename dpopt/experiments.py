@@ -17,6 +17,12 @@ Randomness never comes from global state. Two seeds derive from each task throug
 - the task seed, from the repetition and the task's own hash: it seeds the mechanism (when it takes a
   `seed`) and the Monte Carlo noise.
 
+Selection is eps-independent (a mechanism reads privacy only through `is_pure` and the noise norm), so
+a task with `shared_fit` takes its mechanism seed from the task without eps, delta and calibration
+instead: the tasks of one point that differ only in privacy then select the same strategy, and the
+sweep runs them together in one worker, fitting once (`mechanisms.base.shared_selections`); each still
+gets its own exact error, bound and Monte Carlo noise. Sweeps over several eps set it (`shared_fits`).
+
 The result has one row per task, sorted by task index, whatever the executor or completion order:
 task fields, the mechanism's `record()` fields, the data-dependent bias of relaxed strategies and Monte
 Carlo error when requested. Timing columns (`TIMING_COLUMNS`) are the only ones that vary between runs.
@@ -54,7 +60,7 @@ _RECORD_RENAME = {"workload": "workload_name", "solver": "fit_solver", "calibrat
 _RECORD_DROP = ("mechanism", "epsilon", "delta")
 CONFIG_KEYS = (
     "name", "workloads", "sizes", "mechanisms", "solvers", "epsilon", "delta", "calibration",
-    "repetitions", "monte_carlo_trials", "data",
+    "repetitions", "monte_carlo_trials", "data", "shared_fits",
 )
 CACHE_VERSION = 1
 
@@ -117,13 +123,29 @@ class Task:
     sizes: tuple[tuple[str, Any], ...] = ()
     data: str | None = None
     monte_carlo_trials: int = 0
+    shared_fit: bool = False
     index: int = field(default=0, compare=False)
 
     def key_fields(self) -> dict[str, Any]:
-        """Every field except the index (what the hash covers)."""
+        """Every field except the index (what the hash covers); shared_fit only when set."""
         d = asdict(self)
         d.pop("index")
+        if not self.shared_fit:
+            d.pop("shared_fit")  # so tasks without it keep the hashes (and caches) they always had
         return d
+
+    @property
+    def fit_key(self) -> str:
+        """Hash of what the selection depends on: the task without privacy, Monte Carlo and repetition."""
+        d = self.key_fields()
+        for k in ("epsilon", "delta", "calibration", "monte_carlo_trials", "repetition"):
+            d.pop(k)
+        return _sha(_canonical(d))[:24]
+
+    @property
+    def group_key(self) -> str:
+        """Tasks with equal group keys run together in one worker (one fit when shared_fit)."""
+        return f"{self.fit_key}/{self.repetition}" if self.shared_fit else self.task_hash
 
     @property
     def task_hash(self) -> str:
@@ -140,6 +162,18 @@ class Task:
     def seed_sequence(self) -> np.random.SeedSequence:
         """SeedSequence behind `seed`; spawn children for independent streams."""
         return np.random.SeedSequence(self.seed)
+
+    @property
+    def mechanism_seed(self) -> int:
+        """The mechanism's seed: from the task seed, or with shared_fit from the task without privacy."""
+        if self.shared_fit:
+            return _int_seed(_seed_from(self.repetition, self.fit_key))
+        return _int_seed(self.seed_sequence().spawn(2)[0])
+
+    @property
+    def monte_carlo_seed(self) -> np.random.SeedSequence:
+        """The Monte Carlo noise stream (always the task's own: independent across eps)."""
+        return self.seed_sequence().spawn(2)[1]
 
     def row(self) -> dict[str, Any]:
         """The task's own columns of a result row."""
@@ -167,6 +201,7 @@ class Task:
                 "seed": self.seed,
                 "data": self.data or "",
                 "monte_carlo_trials": self.monte_carlo_trials,
+                "shared_fit": self.shared_fit,
             }
         )
         return out
@@ -208,6 +243,12 @@ def _as_list(v: Any) -> list[Any]:
     return list(v) if isinstance(v, (list, tuple)) else [v]
 
 
+def _as_bool(v: Any, key: str) -> bool:
+    if not isinstance(v, bool):
+        raise SweepError(f"'{key}' must be true or false, got {v!r}")
+    return v
+
+
 @dataclass
 class SweepConfig:
     """A sweep's grid (see the module docstring); `sizes` is a table of lists (cartesian) or a list of points."""
@@ -222,6 +263,7 @@ class SweepConfig:
     repetitions: int = 1
     monte_carlo_trials: int = 0
     data: str | None = None
+    shared_fits: bool = False
     name: str = "sweep"
 
     @classmethod
@@ -262,6 +304,7 @@ class SweepConfig:
             repetitions=reps,
             monte_carlo_trials=trials,
             data=d.get("data"),
+            shared_fits=_as_bool(d.get("shared_fits", False), "shared_fits"),
             name=str(d.get("name", "sweep")),
         )
         cfg.validate()
@@ -306,6 +349,7 @@ class SweepConfig:
                                                 sizes=tuple(sorted(point.items())),
                                                 data=self.data,
                                                 monte_carlo_trials=self.monte_carlo_trials,
+                                                shared_fit=self.shared_fits,
                                                 index=len(tasks),
                                             )
                                         )
@@ -446,6 +490,14 @@ def run_task(task: Task) -> dict[str, Any]:
     return _normalise(out)
 
 
+def run_group(tasks: Sequence[Task]) -> list[dict[str, Any]]:
+    """Run tasks that share a selection one after another in this process, fitting it once (see run_task)."""
+    from dpopt.mechanisms.base import shared_selections
+
+    with shared_selections():
+        return [run_task(t) for t in tasks]
+
+
 def _skip_types() -> tuple[type[BaseException], ...]:
     from dpopt.mechanisms.base import MechanismError
     from dpopt.specs import SpecError
@@ -469,12 +521,13 @@ def _run_task(task: Task) -> dict[str, Any]:
         raise SweepError(f"unknown mechanism {task.mechanism!r}; expected one of {', '.join(MECHANISMS)}")
     workload = parse_workload(task.workload)
     privacy = Privacy(task.epsilon, task.delta, calibration=task.calibration)
-    mech_ss, mc_ss = task.seed_sequence().spawn(2)
     cls = _load(task.mechanism)
-    mech = cls(**_constructor_kwargs(cls, task, _int_seed(mech_ss)))
+    mech = cls(**_constructor_kwargs(cls, task, task.mechanism_seed))
     mech.fit(workload, privacy)
     rec = mech.record()
     out: dict[str, Any] = {}
+    if task.shared_fit:
+        out["selection_reused"] = bool(getattr(mech, "fit_info_", None) and mech.fit_info_.extra.get("selection_reused"))
     for k, v in rec.items():
         if k in _RECORD_DROP:
             continue
@@ -509,7 +562,7 @@ def _run_task(task: Task) -> dict[str, Any]:
             out["mc_status"] = "skipped: the workload's rows cannot be listed"
         else:
             xx = np.zeros(workload.n) if x is None else x
-            mc = monte_carlo_error(mech.strategy_, workload, privacy, xx, np.random.default_rng(mc_ss),
+            mc = monte_carlo_error(mech.strategy_, workload, privacy, xx, np.random.default_rng(task.monte_carlo_seed),
                                    trials=task.monte_carlo_trials)
             out["mc_total_mean"] = float(mc["total_mean"].iloc[0])
             out["mc_total_se"] = float(mc["total_se"].iloc[0])
@@ -574,43 +627,61 @@ def _progress_bar(total: int, initial: int, desc: str, enabled: bool):  # noqa: 
                 dynamic_ncols=True, smoothing=0.1)
 
 
-def _iter_serial(tasks: Sequence[Task]) -> Iterable[tuple[Task, dict[str, Any]]]:
-    for t in tasks:
-        yield t, run_task(t)
+Group = tuple[Task, ...]
 
 
-def _iter_processes(tasks: Sequence[Task], max_workers: int | None) -> Iterable[tuple[Task, dict[str, Any]]]:
+def _iter_serial(groups: Sequence[Group]) -> Iterable[tuple[Task, dict[str, Any]]]:
+    for g in groups:
+        yield from zip(g, run_group(g), strict=True)
+
+
+def _failed(g: Group, why: str) -> Iterable[tuple[Task, dict[str, Any]]]:
+    for t in g:
+        yield t, _normalise({"status": f"error: {why}"})
+
+
+def _iter_processes(groups: Sequence[Group], max_workers: int | None) -> Iterable[tuple[Task, dict[str, Any]]]:
     with cf.ProcessPoolExecutor(max_workers=max_workers) as pool:
-        futures = {pool.submit(run_task, t): t for t in tasks}
+        futures = {pool.submit(run_group, g): g for g in groups}
         try:
             for fut in cf.as_completed(futures):
-                t = futures[fut]
+                g = futures[fut]
                 try:
-                    yield t, fut.result()
-                except Exception as exc:  # noqa: BLE001 - a dead worker fails its task, not the sweep
-                    yield t, _normalise({"status": f"error: worker failed: {type(exc).__name__}: {exc}"})
+                    yield from zip(g, fut.result(), strict=True)
+                except Exception as exc:  # noqa: BLE001 - a dead worker fails its tasks, not the sweep
+                    yield from _failed(g, f"worker failed: {type(exc).__name__}: {exc}")
         finally:
             for fut in futures:
                 fut.cancel()
 
 
-def _iter_dask(tasks: Sequence[Task], client: Any) -> Iterable[tuple[Task, dict[str, Any]]]:
+def _iter_dask(groups: Sequence[Group], client: Any) -> Iterable[tuple[Task, dict[str, Any]]]:
     from distributed import as_completed
 
-    # Keys name the task hash, so Dask never confuses two tasks and a resubmitted task reuses its key.
-    futures = [client.submit(run_task, t, key=f"dpopt-task-{t.task_hash}", pure=False) for t in tasks]
-    by_key = {f.key: t for f, t in zip(futures, tasks, strict=True)}
+    # Keys name the tasks' hashes, so Dask never confuses two groups and a resubmitted group reuses its key.
+    keys = [f"dpopt-task-{g[0].task_hash}" if len(g) == 1 else
+            "dpopt-group-" + _sha("".join(t.task_hash for t in g))[:24] for g in groups]
+    futures = [client.submit(run_group, g, key=k, pure=False) for g, k in zip(groups, keys, strict=True)]
+    by_key = {f.key: g for f, g in zip(futures, groups, strict=True)}
     try:
         for fut in as_completed(futures):
-            t = by_key[fut.key]
+            g = by_key[fut.key]
             try:
-                yield t, fut.result()
-            except Exception as exc:  # noqa: BLE001 - KilledWorker and friends fail the task only
-                yield t, _normalise({"status": f"error: dask task failed: {type(exc).__name__}: {exc}"})
+                yield from zip(g, fut.result(), strict=True)
+            except Exception as exc:  # noqa: BLE001 - KilledWorker and friends fail the group only
+                yield from _failed(g, f"dask task failed: {type(exc).__name__}: {exc}")
             fut.release()
     finally:
         for f in futures:
             f.cancel()
+
+
+def _groups(tasks: Sequence[Task]) -> list[Group]:
+    """Tasks in first-seen order, those with equal group keys (shared fits) together."""
+    out: dict[str, list[Task]] = {}
+    for t in tasks:
+        out.setdefault(t.group_key, []).append(t)
+    return [tuple(g) for g in out.values()]
 
 
 def run_sweep(
@@ -627,7 +698,8 @@ def run_sweep(
 
     Executor: `client` (a distributed.Client) or `scheduler` (its address) runs on Dask; otherwise local
     processes with `max_workers` (None: one per core; 0: in this process, no pool). With `cache`, finished
-    tasks are read from and written to that directory. Tasks with equal hashes run once.
+    tasks are read from and written to that directory. Tasks with equal hashes run once; shared-fit tasks
+    that differ only in privacy run as one group in one worker and fit once.
     """
     if isinstance(tasks, SweepConfig):
         desc = desc or tasks.name
@@ -654,18 +726,19 @@ def run_sweep(
     bar = _progress_bar(len(unique), len(unique) - len(todo), desc or "sweep", progress)
     own_client = None
     try:
-        if not todo:
+        groups = _groups(todo)
+        if not groups:
             stream: Iterable[tuple[Task, dict[str, Any]]] = ()
         elif client is not None or scheduler is not None:
             if client is None:
                 from distributed import Client
 
                 own_client = client = Client(scheduler)
-            stream = _iter_dask(todo, client)
-        elif max_workers == 0 or len(todo) == 1:
-            stream = _iter_serial(todo)
+            stream = _iter_dask(groups, client)
+        elif max_workers == 0 or len(groups) == 1:
+            stream = _iter_serial(groups)
         else:
-            stream = _iter_processes(todo, max_workers)
+            stream = _iter_processes(groups, max_workers)
         for t, res in stream:
             results[t.task_hash] = res
             if store is not None and cacheable(res):

@@ -94,7 +94,8 @@ class Experiment:
         """Every (point, mechanism, eps, repetition) at `scale` as a sweep task.
 
         repetitions, epsilons: override the experiment's (e.g. the paper's n range with one repetition
-        and one eps: pure-DP expected errors scale exactly as 1/eps^2). max_cells: mechanism -> largest
+        and one eps: pure-DP expected errors scale exactly as 1/eps^2). With several eps the tasks share
+        their fits (one selection per point and repetition, evaluated at every eps). max_cells: mechanism -> largest
         n it runs at, at every scale (default: the experiment's caps, below the paper's scale only).
         """
         scale = check_scale(scale)
@@ -103,6 +104,7 @@ class Experiment:
         if not eps_list or any(not (math.isfinite(e) and e > 0) for e in eps_list):
             raise ValueError(f"epsilons must be finite and > 0, got {eps_list}")
         caps = dict(max_cells) if max_cells is not None else ({} if scale == "full" else self.max_cells)
+        shared = len(eps_list) > 1  # one fit per point serves every eps (experiments.Task.shared_fit)
         data = self.data()
         tasks: list[Task] = []
         for pt in self.points(scale):
@@ -124,6 +126,7 @@ class Experiment:
                                 template=pt.workload,
                                 sizes=tuple(sorted(coords.items())),
                                 data=data,
+                                shared_fit=shared,
                                 index=len(tasks),
                             )
                         )

@@ -194,3 +194,108 @@ def test_sweep_command(tmp_path, capsys):
     bad = tmp_path / "bad.toml"
     bad.write_text('workloads = ["prefix:8"]\nmechanisms = []\n')
     assert main(["sweep", str(bad)]) == 2
+
+
+# -- fits shared across eps ----------------------------------------------------------------------------
+
+EPS3 = (0.5, 1.0, 2.0)
+
+
+def _shared_tasks(mechanism: str, workload: str, shared: bool = True) -> list[Task]:
+    return [Task(workload=workload, mechanism=mechanism, epsilon=e, shared_fit=shared, index=i)
+            for i, e in enumerate(EPS3)]
+
+
+def test_unshared_tasks_keep_their_hash_and_seed():
+    t = Task(workload="prefix:8", mechanism="identity", epsilon=1.0)
+    assert t.task_hash == "8057e398fa1b7398b4c34d39"  # as pinned above: caches stay valid
+    s = Task(workload="prefix:8", mechanism="identity", epsilon=1.0, shared_fit=True)
+    assert s.task_hash != t.task_hash and s.row()["shared_fit"] is True
+    # Unshared: the mechanism seed comes from the task (so from eps); shared: not from eps, delta or calibration.
+    assert t.mechanism_seed != Task(workload="prefix:8", mechanism="identity", epsilon=2.0).mechanism_seed
+    others = [Task(workload="prefix:8", mechanism="identity", epsilon=e, delta=d, shared_fit=True)
+              for e, d in ((2.0, 0.0), (1.0, 1e-6))]
+    assert {s.mechanism_seed} == {o.mechanism_seed for o in others}
+    assert {s.fit_key} == {o.fit_key for o in others}
+    assert s.mechanism_seed != Task(workload="prefix:8", mechanism="identity", epsilon=1.0, shared_fit=True,
+                                    repetition=1).mechanism_seed
+    # ... while the Monte Carlo stream stays the task's own.
+    assert not np.array_equal(s.monte_carlo_seed.generate_state(2), others[0].monte_carlo_seed.generate_state(2))
+
+
+@pytest.mark.parametrize("mechanism,workload", [("lrm", "wrange:6x12:seed=3"), ("om", "wtau:6x12:tau=0.4:seed=2"),
+                                                ("mm-appendix-b", "prefix:12")])
+def test_shared_fits_select_once_and_equal_separate_fits(mechanism, workload, monkeypatch):
+    from dpopt.mechanisms.registry import _load
+
+    cls = _load(mechanism)
+    calls: list[int] = []
+    real = cls._select
+
+    def counting(self, w, p):  # noqa: ANN001, ANN202
+        calls.append(1)
+        return real(self, w, p)
+
+    monkeypatch.setattr(cls, "_select", counting)
+    tasks = _shared_tasks(mechanism, workload)
+    df = run_sweep(tasks, max_workers=0, progress=False)
+    assert len(calls) == 1, "one selection serves the three eps"
+    assert df["status"].nunique() == 1 and not df.loc[0, "status"].startswith(("skipped", "error")), df["status"].tolist()
+    assert df["selection_reused"].tolist() == [False, True, True]
+    # Pure DP: every error is the eps = 1 error times 1/eps^2, exactly; the fit record is the shared one.
+    base = df.loc[1, "expected_total_error"]
+    for i, e in enumerate(EPS3):
+        assert df.loc[i, "expected_total_error"] == pytest.approx(base / e**2, rel=1e-12)
+    assert df["iterations"].nunique() == 1 and df["fit_cpu_seconds"].nunique() == 1
+    # The same tasks run one by one (no sharing possible) give the same rows.
+    alone = pd.concat([run_sweep([t], max_workers=0, progress=False) for t in tasks], ignore_index=True)
+    assert len(calls) == 4
+    cols = ["expected_total_error", "sensitivity", "bound", "strategy_rows", "status"]
+    pd.testing.assert_frame_equal(df[cols], alone[cols])
+
+
+def test_shared_groups_run_together_in_worker_processes():
+    tasks = [*_shared_tasks("om", "wtau:6x12:tau=0.4:seed=2"), *_shared_tasks("om", "wtau:6x12:tau=0.8:seed=2")]
+    tasks = [Task(**{**t.key_fields(), "index": i}) for i, t in enumerate(tasks)]
+    assert len(ex._groups(tasks)) == 2
+    df = run_sweep(tasks, max_workers=2, progress=False)
+    assert df["selection_reused"].tolist() == [False, True, True] * 2
+    serial = run_sweep(tasks, max_workers=0, progress=False)
+    pd.testing.assert_frame_equal(comparable(df), comparable(serial))
+
+
+def test_shared_fits_option_in_configs():
+    cfg = SweepConfig.from_mapping({**GRID, "shared_fits": True})
+    tasks = cfg.expand()
+    assert all(t.shared_fit for t in tasks)
+    # eps x delta of one point, mechanism setting and repetition form one group: 240 tasks / 4.
+    assert len(ex._groups(tasks)) == 60
+    assert not any(t.shared_fit for t in grid().expand())
+    with pytest.raises(SweepError, match="shared_fits"):
+        SweepConfig.from_mapping({**GRID, "shared_fits": "yes"})
+
+
+@pytest.mark.parametrize("name", [m for m in __import__("dpopt.mechanisms.registry", fromlist=["x"]).MECHANISMS
+                                  if m != "hdmm"])
+def test_every_mechanism_selects_the_same_strategy_at_every_eps(name):
+    """What sharing rests on: _select reads privacy only through is_pure and the norm (hdmm has its own fit)."""
+    from dpopt.mechanisms.base import MechanismError
+    from dpopt.mechanisms.registry import make_mechanism
+    from dpopt.privacy import Privacy
+    from dpopt.specs import parse_workload
+
+    w = parse_workload("wrange:6x16:seed=3")
+    for a, b in ((Privacy(0.5), Privacy(2.0)), (Privacy(0.5, 1e-6), Privacy(2.0, 1e-9))):
+        kw = {"seed": 7} if name in ("lrm", "om") else {}
+        try:
+            sa = make_mechanism(name, **kw)._select(w, a)
+        except MechanismError:
+            with pytest.raises(MechanismError):
+                make_mechanism(name, **kw)._select(w, b)
+            continue
+        sb = make_mechanism(name, **kw)._select(w, b)
+        np.testing.assert_array_equal(_dense(sa.strategy.A), _dense(sb.strategy.A))
+
+
+def _dense(A: object) -> np.ndarray:
+    return A.toarray() if hasattr(A, "toarray") else np.asarray(A)

@@ -142,6 +142,11 @@ def test_every_registered_experiment_builds_its_tasks():
     om1 = EXPERIMENTS["om-fig1"].tasks("full")
     assert sorted({t.epsilon for t in om1}) == rp.OM_EPS
     assert {t.repetition for t in om1} == set(range(20))
+    # Several eps: one fit per point and repetition serves them all; one eps keeps the unshared tasks.
+    assert all(t.shared_fit for t in om1)
+    assert len({t.group_key for t in om1}) == len(om1) // len(rp.OM_EPS)
+    assert not any(t.shared_fit for t in EXPERIMENTS["om-fig1"].tasks("full", epsilons=[1.0]))
+    assert not any(t.shared_fit for t in EXPERIMENTS["om-fig2"].tasks("full"))
     lrm3 = EXPERIMENTS["lrm-fig3"].tasks("default")
     ranks = {dict(t.sizes)["x"]: dict(t.params)["rank"] for t in lrm3 if dict(t.sizes)["panel"] == "WRelated"}
     # WRelated(64 x 256, s = 13) has rank 13: r = ceil(ratio * 13).

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -59,6 +62,64 @@ def lower_bound(workload: Workload, privacy: Privacy) -> float:
     return privacy.variance_factor * svd_bound(workload)
 
 
+# Selections kept by `shared_selections()`: key -> (selection, wall s, cpu s); None outside such a block.
+_SHARED: dict[tuple[Any, ...], tuple[Selection, float, float]] | None = None
+
+
+@contextmanager
+def shared_selections() -> Iterator[None]:
+    """Within the block, a fit reuses the selection of an identical earlier fit that differs only in eps or delta.
+
+    `_select` reads privacy only through `is_pure` and the noise norm (the strategy is chosen for the shape
+    of the error, which eps and delta only scale), so the strategy selected at one eps is the one selected
+    at every eps; the key holds both. Errors, bounds and records are still computed for each fit's own
+    privacy. Mechanisms whose parameters have no stable fingerprint (a Generator seed) are never shared.
+    """
+    global _SHARED
+    outer = _SHARED
+    if outer is None:
+        _SHARED = {}
+    try:
+        yield
+    finally:
+        _SHARED = outer
+
+
+def _fingerprint(value: Any) -> str | None:
+    """A stable text for a parameter value, or None when it has none (then the fit is not shared)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return repr(value)
+    if isinstance(value, np.ndarray):
+        return f"ndarray{value.shape}{value.dtype}:" + hashlib.sha256(np.ascontiguousarray(value).tobytes()).hexdigest()
+    if isinstance(value, (list, tuple)):
+        parts = [_fingerprint(v) for v in value]
+        return None if None in parts else f"{type(value).__name__}({','.join(parts)})"  # type: ignore[arg-type]
+    if isinstance(value, dict):
+        items = [(repr(k), _fingerprint(v)) for k, v in sorted(value.items(), key=lambda kv: repr(kv[0]))]
+        return None if any(v is None for _, v in items) else "{" + ",".join(f"{k}:{v}" for k, v in items) + "}"
+    return None
+
+
+def _selection_key(mech: Mechanism, workload: Workload, privacy: Privacy) -> tuple[Any, ...] | None:
+    """What a selection depends on: class, public parameters, the workload's entries, is_pure and the norm."""
+    params = []
+    for name, value in sorted(vars(mech).items()):
+        if name.startswith("_") or name.endswith("_"):
+            continue
+        fp = _fingerprint(value)
+        if fp is None:
+            return None
+        params.append((name, fp))
+    if workload.has_rows:
+        if workload.m * workload.n > MAX_DENSE_ENTRIES:
+            return None  # rows too many to fingerprint: fit afresh
+        entries = workload.matrix()
+    else:
+        entries = workload.gram()
+    return (type(mech).__module__, type(mech).__qualname__, tuple(params), workload.name, workload.shape,
+            _fingerprint(np.asarray(entries, dtype=float)), privacy.is_pure, privacy.norm)
+
+
 class Mechanism(ABC):
     """Base class: parameters in __init__, selection in fit, learned state in attributes ending in '_'."""
 
@@ -75,9 +136,7 @@ class Mechanism(ABC):
                 f"{self.short_name}: {workload.n:.3g} cells are too many for a dense strategy; "
                 "use the implicit mechanism 'hdmm'"
             )
-        t0, c0 = time.perf_counter(), time.process_time()
-        sel = self._select(workload, privacy)
-        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        sel, wall, cpu = self._timed_select(workload, privacy)
         strategy = sel.strategy
         if not strategy.supports(workload, self.support_rtol):
             frac = strategy.unsupported_fraction(workload)
@@ -102,6 +161,19 @@ class Mechanism(ABC):
             extra=sel.extra,
         )
         return self
+
+    def _timed_select(self, workload: Workload, privacy: Privacy) -> tuple[Selection, float, float]:
+        """`_select` with its wall and CPU seconds; inside `shared_selections()`, reused when already made."""
+        key = _selection_key(self, workload, privacy) if _SHARED is not None else None
+        if key is not None and key in _SHARED:  # type: ignore[operator]
+            sel, wall, cpu = _SHARED[key]  # type: ignore[index]
+            return replace(sel, extra={**sel.extra, "selection_reused": True}), wall, cpu
+        t0, c0 = time.perf_counter(), time.process_time()
+        sel = self._select(workload, privacy)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        if key is not None and _SHARED is not None:
+            _SHARED[key] = (sel, wall, cpu)
+        return sel, wall, cpu
 
     @abstractmethod
     def _select(self, workload: Workload, privacy: Privacy) -> Selection:
