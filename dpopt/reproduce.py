@@ -88,6 +88,10 @@ class Experiment:
     # Below the paper's scale, mechanism -> largest n it runs at (slow solvers would dominate the run).
     max_cells: dict[str, int] = field(default_factory=dict)
 
+    def caps(self, scale: str, max_cells: Mapping[str, int] | None = None) -> dict[str, int]:
+        """Mechanism -> largest n it runs at: `max_cells`, else the experiment's own below the paper's scale."""
+        return dict(max_cells) if max_cells is not None else ({} if scale == "full" else dict(self.max_cells))
+
     def tasks(self, scale: str = "default", repetitions: int | None = None,
               epsilons: Sequence[float] | None = None,
               max_cells: Mapping[str, int] | None = None) -> list[Task]:
@@ -103,7 +107,7 @@ class Experiment:
         eps_list = list(epsilons) if epsilons is not None else self.epsilon(scale)
         if not eps_list or any(not (math.isfinite(e) and e > 0) for e in eps_list):
             raise ValueError(f"epsilons must be finite and > 0, got {eps_list}")
-        caps = dict(max_cells) if max_cells is not None else ({} if scale == "full" else self.max_cells)
+        caps = self.caps(scale, max_cells)
         shared = len(eps_list) > 1  # one fit per point serves every eps (experiments.Task.shared_fit)
         data = self.data()
         tasks: list[Task] = []
@@ -497,7 +501,6 @@ def make_table2(rows: Sequence[str] | None = None) -> Experiment:
 
 # The matrix mechanism's n x n solver dominates runs beyond this size; only --full runs it there.
 MM_MAX_CELLS = {"mm-appendix-b": 128}
-MM_NOTE = "Below the paper's scale, MM (mm-appendix-b) runs only up to n = 128 cells."
 LRM_GAMMAS = [1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0]
 LRM_R_RATIOS = [0.8, 1.0, 1.2, 1.4, 1.7, 2.1, 2.5, 3.0, 3.6]
 LRM_NS = [128, 256, 512, 1024, 2048, 4096, 8192]
@@ -620,7 +623,7 @@ def _large_x(t: pd.DataFrame, k: int = 1) -> pd.Series:
 
 def _lrm_experiments() -> list[Experiment]:
     common = dict(source="seed 000, Section 6", data=searchlogs_data, repetitions=_lrm_reps,
-                  max_cells=MM_MAX_CELLS, note=MM_NOTE)
+                  max_cells=MM_MAX_CELLS)
     return [
         Experiment(
             name="lrm-fig2", title="LRM: effect of the relaxation gamma", points=lrm_fig2_points,
@@ -772,8 +775,7 @@ def _eps_as_x(exp: Experiment) -> Experiment:
 
 
 def _om_experiments() -> list[Experiment]:
-    common = dict(source="seed 001, Section 5", repetitions=_om_reps, logx=False, max_cells=MM_MAX_CELLS,
-                  note=MM_NOTE)
+    common = dict(source="seed 001, Section 5", repetitions=_om_reps, logx=False, max_cells=MM_MAX_CELLS)
     return [
         _eps_as_x(Experiment(
             name="om-fig1", title="Accuracy vs eps on W_tau", points=om_eps_points, mechanisms=OM_MECHANISMS,
@@ -895,16 +897,38 @@ def reproduce(
         else:
             plot_figure(exp, summary, files["png"])
     if report:
-        _report(exp, scale, summary, diffs, agrees, unavailable, files, stream or sys.stdout)
+        settings = _settings(exp, scale, tasks, exp.caps(scale, max_cells), repetitions, epsilons)
+        _report(exp, scale, settings, summary, diffs, agrees, unavailable, files, stream or sys.stdout)
     return Reproduction(exp.name, df, summary, diffs, agrees, files)
 
 
-def _report(exp: Experiment, scale: str, summary: pd.DataFrame, diffs: list[str], agrees: list[str],
-            unavailable: list[str], files: Mapping[str, Path], stream: TextIO) -> None:
+def _settings(exp: Experiment, scale: str, tasks: Sequence[Task], caps: Mapping[str, int],
+              repetitions: int | None, epsilons: Sequence[float] | None) -> list[str]:
+    """How the run departs from the paper's settings: overridden repetitions or eps, mechanisms capped in n."""
+    out = []
+    if repetitions is not None and repetitions != exp.repetitions("full"):
+        out.append(f"{repetitions} repetition(s) per point (the paper's setting: {exp.repetitions('full')})")
+    if epsilons is not None and list(epsilons) != exp.epsilon("full"):
+        out.append(f"eps = {', '.join(f'{e:g}' for e in epsilons)} (the paper's: "
+                   f"{', '.join(f'{e:g}' for e in exp.epsilon('full'))})")
+    points = exp.points(scale)
+    for mech, cap in sorted(caps.items()):
+        beyond = sorted({int(pt.sizes["n"]) for pt in points if int(pt.sizes.get("n", 0)) > cap})
+        if mech in exp.mechanisms and beyond:
+            out.append(f"{mech} runs only up to n = {cap} cells (not at n = {', '.join(map(str, beyond))})")
+    if any(t.shared_fit for t in tasks):
+        out.append("one fit per point serves every eps (selection does not depend on eps)")
+    return out
+
+
+def _report(exp: Experiment, scale: str, settings: Sequence[str], summary: pd.DataFrame, diffs: list[str],
+            agrees: list[str], unavailable: list[str], files: Mapping[str, Path], stream: TextIO) -> None:
     p = lambda *a: print(*a, file=stream)  # noqa: E731
     p(f"== {exp.name}: {exp.title} ({exp.source}; {'paper' if scale == 'full' else scale} scale)")
     if exp.note:
         p(exp.note)
+    for line in settings:
+        p(f"setting: {line}")
     if exp.name == "li-miklau-table2":
         cols = ["workload", "svdb", "paper_svdb"] + [c for s in TABLE2_STRATEGIES for c in (s, f"paper_{s}")]
         p(summary[cols].to_string(index=False, float_format=lambda v: f"{v:.4f}"))
