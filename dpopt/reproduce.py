@@ -212,7 +212,7 @@ def plot_figure(exp: Experiment, summary: pd.DataFrame, path: Path, column: str 
         xs = sorted(set(g["x"]))
         ax.set_xticks(xs, [f"{v:g}" for v in xs], fontsize=7)
         ax.minorticks_off()
-        ax.set_title(f"{panel}, eps={eps:g}", fontsize=9)
+        ax.set_title(f"{panel}, eps={eps:g}" if eps > 0 else str(panel), fontsize=9)  # eps 0: eps is the x axis
         ax.set_xlabel(exp.xlabel)
         ax.set_ylabel(exp.ylabel if column == "value" else "fit time (s)", fontsize=8)
         ax.legend(fontsize=7)
