@@ -677,11 +677,15 @@ def _iter_dask(groups: Sequence[Group], client: Any) -> Iterable[tuple[Task, dic
 
 
 def _groups(tasks: Sequence[Task]) -> list[Group]:
-    """Tasks in first-seen order, those with equal group keys (shared fits) together."""
+    """Groups in first-seen order, tasks with equal group keys (shared fits) together, in hash order.
+
+    Hash order makes the task that fits (and those that reuse its selection) the same whatever order
+    the tasks came in, so every executor returns the same rows.
+    """
     out: dict[str, list[Task]] = {}
     for t in tasks:
         out.setdefault(t.group_key, []).append(t)
-    return [tuple(g) for g in out.values()]
+    return [tuple(sorted(g, key=lambda t: t.task_hash)) for g in out.values()]
 
 
 def run_sweep(
