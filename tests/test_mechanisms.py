@@ -204,6 +204,16 @@ def test_matrix_refuses_unsupporting_strategy_before_answering():
         MatrixMechanism(A).fit(np.eye(4), EPS)
 
 
+def test_relaxed_lrm_outside_gamma_is_refused_with_its_residual_and_solver_status():
+    from dpopt.mechanisms.lowrank import LowRankMechanism
+
+    with pytest.warns(Warning), pytest.raises(MechanismError) as exc:  # two outer iterations cannot reach gamma
+        LowRankMechanism(gamma=1e-3, max_outer=2, seed=0).fit(WRange(6, 12, seed=3), EPS)
+    msg = str(exc.value)
+    assert "||W - B A||_F = " in msg and "> gamma = 0.001" in msg and "relative residual" not in msg
+    assert "solver alm status max_iter: " in msg and "valid" not in msg
+
+
 @pytest.mark.parametrize("bad", [{"strategy": "svd"}, {"inference": "ridge"}, {"factor": "qr"}, {"solver": 3}])
 def test_matrix_bad_parameters(bad):
     with pytest.raises(ValueError):

@@ -139,10 +139,14 @@ class Mechanism(ABC):
         sel, wall, cpu = self._timed_select(workload, privacy)
         strategy = sel.strategy
         if not strategy.supports(workload, self.support_rtol):
-            frac = strategy.unsupported_fraction(workload)
+            if strategy.gamma > 0 and strategy.B is not None:  # relaxed: the test is ||W - B A||_F <= gamma
+                why = f"||W - B A||_F = {strategy.residual(workload):.3g} > gamma = {strategy.gamma:g}"
+            else:
+                why = f"relative residual {strategy.unsupported_fraction(workload):.3g} > {self.support_rtol:g}"
             raise MechanismError(
                 f"{self.short_name}: selected strategy does not support workload {workload.name} "
-                f"(relative residual {frac:.3g} > {self.support_rtol:g}); refusing to answer with it"
+                f"({why}; solver {sel.solver} status {sel.status.partition(':')[0]}: {sel.message[:200]}); "
+                "refusing to answer with it"
             )
         self.workload_ = workload
         self.privacy_ = privacy
