@@ -521,6 +521,10 @@ def _run_task(task: Task) -> dict[str, Any]:
         raise SweepError(f"unknown mechanism {task.mechanism!r}; expected one of {', '.join(MECHANISMS)}")
     workload = parse_workload(task.workload)
     privacy = Privacy(task.epsilon, task.delta, calibration=task.calibration)
+    # The data first: a task its data cannot serve is skipped before an expensive fit, not after it.
+    x = None
+    if task.data:
+        x = load_data(task.data, workload.n, instance_seed(task.template or task.workload, dict(task.sizes), task.repetition))
     cls = _load(task.mechanism)
     mech = cls(**_constructor_kwargs(cls, task, task.mechanism_seed))
     mech.fit(workload, privacy)
@@ -545,9 +549,7 @@ def _run_task(task: Task) -> dict[str, Any]:
     out["log10_bound"] = log10_bound
     if not math.isfinite(out.get("ratio_to_bound", math.nan)) and err.log10_total is not None:
         out["ratio_to_bound"] = 10 ** (err.log10_total - log10_bound)
-    x = None
-    if task.data:
-        x = load_data(task.data, workload.n, instance_seed(task.template or task.workload, dict(task.sizes), task.repetition))
+    if x is not None:
         bias = expected_error(mech.strategy_, workload, privacy, x=x, rtol=mech.support_rtol).bias_sq
         out["bias_sq"] = bias
     else:

@@ -302,3 +302,18 @@ def test_every_mechanism_selects_the_same_strategy_at_every_eps(name):
 
 def _dense(A: object) -> np.ndarray:
     return A.toarray() if hasattr(A, "toarray") else np.asarray(A)
+
+
+def test_data_too_small_for_n_skips_before_fitting(tmp_path, monkeypatch):
+    from dpopt.mechanisms.baselines import WaveletMechanism
+
+    path = tmp_path / "x.npy"
+    np.save(path, np.arange(8.0))
+    monkeypatch.setattr(WaveletMechanism, "_select", lambda *a: pytest.fail("fitted before checking the data"))
+    t = Task(workload="prefix:16", mechanism="wavelet", epsilon=1.0, data=f"npy:{path}")
+    df = run_sweep([t], max_workers=0, progress=False)
+    assert df.loc[0, "status"].startswith("skipped") and "8 cells, fewer than the workload's n = 16" in df.loc[0, "status"]
+    # with enough cells the data is merged into n bins and the bias column is filled
+    ok = run_sweep([Task(workload="prefix:4", mechanism="identity", epsilon=1.0, data=f"npy:{path}")],
+                   max_workers=0, progress=False)
+    assert ok.loc[0, "status"] == "optimal" and ok.loc[0, "bias_sq"] == 0.0
