@@ -189,3 +189,13 @@ def test_report_states_where_the_run_departs_from_the_papers_settings():
     small = rp._settings(fig3, "default", fig3.tasks("default"), fig3.caps("default"), None, [0.5])
     assert small[0] == f"eps = 0.5 (the paper's: {', '.join(f'{e:g}' for e in fig3.epsilon('full'))})"
     assert small[1].startswith("mm-appendix-b runs only up to n = 128 cells (not at n = ")
+
+
+def test_gap_to_next_best_compares_with_every_other_mechanism():
+    s = _summary({("A", 1, "a"): 1.0, ("A", 1, "b"): 300.0, ("A", 1, "c"): 50.0,
+                  ("A", 2, "a"): 1.0, ("A", 2, "b"): 200.0, ("A", 2, "c"): 150.0})
+    ok, msg = rp.gap_to_next_best("a", lambda t: t, 100.0)(s)
+    # against b alone it would hold (300x, 200x); c is the next best at x = 1 (50x)
+    assert not ok and "50x (c) at A, eps=1, x=1" in msg and "150x (c)" in msg
+    assert rp.gap_to_next_best("a", lambda t: t, 40.0)(s)[0]
+    assert rp.gap_to_next_best("a", lambda t: t[t.index.get_level_values("x") == 2], 100.0)(s)[0]
