@@ -283,7 +283,9 @@ def lrm_experiments() -> list:
             "of relaxed LRM on the Search Logs histogram when it is available beside the checkout). The paper "
             "averages 20 runs on workloads up to n = 8192; `full` does the same, `medium` runs the `dpopt "
             "reproduce` default scale, `small` a few points of three figures. **The committed copy ran at medium "
-            "scale**: the paper's scale (n up to 8192, 20 repetitions, three eps) takes hours on two cores."
+            "scale**: the paper's scale (n up to 8192, 20 repetitions, three eps) takes hours on two cores. "
+            "Figs. 6, 8 and 9 at the paper's sizes, one draw per point, are in "
+            "`benchmarks/results/lrm_paper_scale.md`."
         ),
         new_code_cell(SETUP),
         new_code_cell(_runner(["lrm-fig2", "lrm-fig6", "lrm-fig9"], overrides=False)),
