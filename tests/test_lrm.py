@@ -214,6 +214,11 @@ def test_iteration_and_time_caps_are_not_convergence():
     res = solve_lrm(W, seed=0, max_outer=2, init="svd", restarts=0)
     assert res.status == MAX_ITER and not res.success and res.nit == 2
     assert np.abs(res.x[1]).sum(axis=0).max() <= 1 + 1e-9
+    # No capped run is feasible, but the SVD start is exact: it is returned, still with the cap's status.
+    res = solve_lrm(W, seed=0, max_outer=1, gamma=1e-9 * np.linalg.norm(W), init="svd", restarts=0)
+    assert res.status == MAX_ITER and res.extra["kept_start"] and res.extra["start"] == "svd"
+    assert res.extra["residual"] <= 1e-9 * np.linalg.norm(W) * (1 + 1e-9)
+    assert "best feasible start ('svd'" in res.message
     # max_outer caps each run; a capped run is never refined, and nit sums the runs.
     res = solve_lrm(W, seed=0, max_outer=2, restarts=2)
     assert res.status == MAX_ITER and res.nit == 2 * 3 and len(res.extra["starts"]) == 3

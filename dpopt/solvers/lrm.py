@@ -504,8 +504,10 @@ def solve_lrm(
 
     Selection and status: if every run met its stopping rule, the feasible runs and feasible starts
     compete on error_factor and status is CONVERGED (FAILED if none is feasible). Otherwise status
-    is that of the first run that hit a cap, the feasible runs compete (the starts do not: a capped
-    solver reports what it computed), and with none feasible the run of least residual is returned.
+    is that of the first run that hit a cap and the feasible runs compete (the starts do not: a
+    capped solver reports what it computed); with no feasible run the best feasible start is
+    returned (e.g. on an ill-conditioned full-rank W, where every run can stall above gamma while
+    the SVD start is exact), and with no feasible start either, the run of least residual.
 
     Parameters
     ----------
@@ -596,6 +598,11 @@ def solve_lrm(
     finished = len(runs) == len(starts) and all(u["status"] in (CONVERGED, FAILED) for u in runs)
     feasible_runs = [u for u in runs if _feasible(u["resid"], u["max_l1"], normW, gamma, tol)]
     pool = feasible_runs + (start_pairs if finished else [])
+    # A capped solver reports what its runs computed; only when none of them is feasible does a
+    # feasible start stand in, so that a valid decomposition is returned whenever one was at hand.
+    fallback = not pool and not finished and bool(start_pairs)
+    if fallback:
+        pool = start_pairs
     if pool:
         best = min(pool, key=lambda u: u["error_factor"])
     else:
@@ -639,6 +646,9 @@ def solve_lrm(
         message = f"run from start '{capped['start']}': {capped['message']}"
         if len(runs) < len(starts):
             message += f"; {len(starts) - len(runs)} later start(s) skipped"
+        if fallback:
+            message += (f"; no run met the residual test, so the best feasible start ('{best['start']}', "
+                        "projected and polished) is returned")
 
     B, L = best["B"], best["L"]
     resid = float(np.linalg.norm(W - B @ L))
