@@ -933,9 +933,9 @@ def _settings(exp: Experiment, scale: str, tasks: Sequence[Task], caps: Mapping[
     if epsilons is not None and list(epsilons) != exp.epsilon("full"):
         out.append(f"eps = {', '.join(f'{e:g}' for e in epsilons)} (the paper's: "
                    f"{', '.join(f'{e:g}' for e in exp.epsilon('full'))})")
-    points = exp.points(scale)
+    ns = {int(dict(t.sizes).get("n", 0)) for t in tasks}  # the points' n, without rebuilding the points
     for mech, cap in sorted(caps.items()):
-        beyond = sorted({int(pt.sizes["n"]) for pt in points if int(pt.sizes.get("n", 0)) > cap})
+        beyond = sorted(n for n in ns if n > cap)
         if mech in exp.mechanisms and beyond:
             out.append(f"{mech} runs only up to n = {cap} cells (not at n = {', '.join(map(str, beyond))})")
     if any(t.shared_fit for t in tasks):
