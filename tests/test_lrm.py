@@ -11,7 +11,9 @@ from dpopt.solvers.lrm import (
     default_rank,
     identity_start,
     nesterov_L,
+    polish,
     reoptimize_B,
+    repair_pair,
     solve_lrm,
     svd_start,
     update_B,
@@ -214,8 +216,8 @@ def test_iteration_and_time_caps_are_not_convergence():
     res = solve_lrm(W, seed=0, max_outer=2, init="svd", restarts=0)
     assert res.status == MAX_ITER and not res.success and res.nit == 2
     assert np.abs(res.x[1]).sum(axis=0).max() <= 1 + 1e-9
-    # No capped run is feasible, but the SVD start is exact: it is returned, still with the cap's status.
-    res = solve_lrm(W, seed=0, max_outer=1, gamma=1e-9 * np.linalg.norm(W), init="svd", restarts=0)
+    # No capped run is feasible (nor repaired), but the SVD start is exact: it is returned, with the cap's status.
+    res = solve_lrm(W, seed=0, max_outer=1, gamma=1e-9 * np.linalg.norm(W), init="svd", restarts=0, repair=False)
     assert res.status == MAX_ITER and res.extra["kept_start"] and res.extra["start"] == "svd"
     assert res.extra["residual"] <= 1e-9 * np.linalg.norm(W) * (1 + 1e-9)
     assert "best feasible start ('svd'" in res.message
@@ -226,6 +228,38 @@ def test_iteration_and_time_caps_are_not_convergence():
     res = solve_lrm(W, seed=0, time_limit=1e-9)
     assert res.status == TIME_LIMIT and res.nit == 1
     assert [d["status"] for d in res.extra["starts"]] == ["time_limit", "skipped"]
+
+
+def test_repair_pair_makes_a_near_miss_exact_at_almost_no_cost():
+    # An exact decomposition (SVD start, r = 8 > rank W = 6) whose L is nudged off W's row space by 1e-4,
+    # as a stalled run ends: the residual misses gamma; the repaired pair meets it and costs the same.
+    rng = np.random.default_rng(0)
+    W = w_related(6, 12, 6, rng)
+    gamma = 1e-6 * np.linalg.norm(W)
+    B0, L0 = svd_start(W, 8, rng)
+    L1 = L0 + 1e-4 * rng.normal(size=L0.shape)
+    L1 /= np.abs(L1).sum(axis=0).max()
+    B1 = polish(W, L1, gamma, 1e-6)
+    assert np.linalg.norm(W - B1 @ L1) > 100 * gamma
+    B2, L2 = repair_pair(W, B1, L1, gamma, 1e-6)
+    assert np.linalg.norm(W - B2 @ L2) <= gamma * (1 + 1e-9)
+    assert np.abs(L2).sum(axis=0).max() <= 1 + 1e-12
+    assert lrm_error(B2, L2) <= 1.01 * lrm_error(B0, L0)
+
+
+def test_a_capped_run_that_misses_gamma_is_repaired_and_keeps_its_status():
+    rng = np.random.default_rng(1)
+    W = w_related(8, 16, 8, rng)
+    opts = dict(gamma=1e-3, max_outer=20, seed=0, init="random", restarts=0)
+    plain = solve_lrm(W, repair=False, **opts)
+    assert plain.status == MAX_ITER and plain.extra["residual"] > 1.0 and not plain.extra["repaired"]
+    res = solve_lrm(W, **opts)
+    B, L = res.x
+    assert res.status == MAX_ITER and not res.success and res.extra["repaired"]
+    assert np.linalg.norm(W - B @ L) <= 1e-3 * (1 + 1e-9) and np.abs(L).sum(axis=0).max() <= 1 + 1e-9
+    assert "was repaired (repair_pair)" in res.message and res.extra["starts"][0]["repaired"]
+    with pytest.raises(ValueError, match="repair must be True or False"):
+        solve_lrm(W, repair=1)
 
 
 def test_deterministic_and_callback():

@@ -207,8 +207,10 @@ def test_matrix_refuses_unsupporting_strategy_before_answering():
 def test_relaxed_lrm_outside_gamma_is_refused_with_its_residual_and_solver_status():
     from dpopt.mechanisms.lowrank import LowRankMechanism
 
-    # From a random start (its L misses W's row space), two outer iterations cannot reach gamma.
-    mech = LowRankMechanism(gamma=1e-3, max_outer=2, seed=0, solver_options={"init": "random", "restarts": 0})
+    # From a random start (its L misses W's row space), two outer iterations cannot reach gamma; repair is
+    # off so that the refusal itself is exercised.
+    opts = {"init": "random", "restarts": 0, "repair": False}
+    mech = LowRankMechanism(gamma=1e-3, max_outer=2, seed=0, solver_options=opts)
     with pytest.warns(Warning), pytest.raises(MechanismError) as exc:
         mech.fit(WRange(6, 12, seed=3), EPS)
     msg = str(exc.value)
@@ -216,9 +218,18 @@ def test_relaxed_lrm_outside_gamma_is_refused_with_its_residual_and_solver_statu
     assert "solver alm status max_iter: " in msg and "valid" not in msg
     # From the SVD start (exact), the capped solver returns that start: a valid strategy, flagged.
     with pytest.warns(Warning):
-        ok = LowRankMechanism(gamma=1e-3, max_outer=2, seed=0).fit(WRange(6, 12, seed=3), EPS)
+        ok = LowRankMechanism(gamma=1e-3, max_outer=2, seed=0, solver_options={"repair": False}).fit(
+            WRange(6, 12, seed=3), EPS
+        )
     assert ok.fit_info_.status == "max_iter: valid, not certified optimal"
     assert "best feasible start" in ok.fit_info_.message
+    # With repair (the default), a capped run's pair is made exact: valid, flagged, used.
+    with pytest.warns(Warning):
+        fixed = LowRankMechanism(gamma=1e-3, max_outer=20, seed=0, solver_options=opts | {"repair": True}).fit(
+            WRelated(8, 16, 8, seed=1), EPS
+        )
+    assert fixed.fit_info_.status == "max_iter: valid, not certified optimal"
+    assert "was repaired" in fixed.fit_info_.message
 
 
 @pytest.mark.parametrize("bad", [{"strategy": "svd"}, {"inference": "ridge"}, {"factor": "qr"}, {"solver": 3}])

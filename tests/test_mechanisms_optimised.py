@@ -127,7 +127,9 @@ def test_lrm_unconverged_strategy_that_misses_w_is_never_used():
         warnings.simplefilter("ignore", ConvergenceWarning)
         # From a random start only (r = rank W: its 3 rows miss W's row space), one outer iteration misses W.
         with pytest.raises(MechanismError, match="does not support"):
-            LowRankMechanism(rank=3, max_outer=1, solver_options={"init": "random", "restarts": 0}).fit(W3, EPS)
+            LowRankMechanism(
+                rank=3, max_outer=1, solver_options={"init": "random", "restarts": 0, "repair": False}
+            ).fit(W3, EPS)
         # With the default starts the capped solver falls back on an exact one: valid, flagged unconverged.
         lrm = LowRankMechanism(max_outer=1).fit(W3, EPS)
         assert lrm.fit_info_.status.startswith("max_iter: valid") and lrm.strategy_.supports(W3, lrm.support_rtol)

@@ -226,6 +226,8 @@ def _check_options(**opts: Any) -> None:
             np.isfinite(val) and val > 0
         ):
             raise ValueError(f"{name} must be a finite number > 0; got {val!r}")
+    if not isinstance(opts["repair"], bool):
+        raise ValueError(f"repair must be True or False; got {opts['repair']!r}")
     revive = opts["revive"]
     if not (0.0 <= revive < 1.0):
         raise ValueError(f"revive must be in [0, 1); got {revive!r}")
@@ -358,6 +360,54 @@ def polish(
     return B_tol
 
 
+#: Weights t of the residual's missing row directions tried by `repair_pair` (relative to unit L1 columns).
+REPAIR_WEIGHTS = (1e-1, 1e-2, 1e-3, 1e-4)
+
+
+def repair_pair(
+    W: np.ndarray, B: np.ndarray, L: np.ndarray, gamma: float, tol: float
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """Make a pair that misses the residual test exact by moving L's row space onto W's missing rows.
+
+    A stalled run (Algorithm 1's L-step is first-order, so it crawls along the small singular directions
+    of an ill-conditioned W) ends with ||W - B L||_F a little above the bound because the row space of L
+    misses a few directions of W's. Candidates, each divided by its largest column L1 norm (so feasible)
+    and then given its best B by `polish`:
+
+    (a) the minimum-norm correction L + B^+ (W - B L), after which B L = W when B has full row rank;
+    (b) when B (m x r) has a null space N (r - rank B columns, e.g. r = ceil(1.2 rank W) > m), the rows
+        N N^T L that B does not use are replaced by t N V_q^T, V_q the q = dim N leading right singular
+        vectors of W's part outside the row space of (I - N N^T) L (B L is unchanged, as B N = 0), for
+        each t in `REPAIR_WEIGHTS`.
+
+    Returns the feasible candidate (B (m x r), L (r x n)) of least error factor, or None if none passes.
+    """
+    normW = float(np.linalg.norm(W))
+    r = L.shape[0]
+    candidates = [L + np.linalg.pinv(B) @ (W - B @ L)]
+    _, sB, Vt = np.linalg.svd(B)
+    rank_B = int(np.count_nonzero(sB > _RANK_RTOL * sB[0])) if sB.size and sB[0] > 0 else 0
+    q = min(r - rank_B, min(W.shape))
+    if q > 0:
+        N = Vt[rank_B:rank_B + q].T  # r x q, B N = 0
+        L_used = L - N @ (N.T @ L)
+        basis, _ = np.linalg.qr(L_used.T)  # n x r, spans the row space of L_used (and maybe more)
+        missing = W - (W @ basis) @ basis.T
+        Vq = np.linalg.svd(missing, full_matrices=False)[2][:q]
+        candidates += [L_used + N @ (t * Vq) for t in REPAIR_WEIGHTS]
+    best, best_factor = None, math.inf
+    for Lc in candidates:
+        if not np.isfinite(Lc).all():
+            continue
+        Lc = Lc / max(1.0, float(np.abs(Lc).sum(axis=0).max()))
+        Bc = polish(W, Lc, gamma, tol)
+        l1 = float(np.abs(Lc).sum(axis=0).max())
+        factor = float(np.vdot(Bc, Bc)) * l1 * l1
+        if _feasible(float(np.linalg.norm(W - Bc @ Lc)), l1, normW, gamma, tol) and factor < best_factor:
+            best, best_factor = (Bc, Lc), factor
+    return best
+
+
 def _feasible(resid: float, max_l1: float, normW: float, gamma: float, tol: float) -> bool:
     """The residual test of solve_lrm (and the column constraint to 1e-9)."""
     bound = tol * normW if gamma == 0.0 else gamma
@@ -439,11 +489,21 @@ def _alm_run(
     B = polish(W, L, gamma, tol)
     resid = float(np.linalg.norm(W - B @ L))
     max_l1 = float(np.abs(L).sum(axis=0).max())
+    repaired = False
+    if o["repair"] and not _feasible(resid, max_l1, normW, gamma, tol):
+        fixed = repair_pair(W, B, L, gamma, tol)
+        if fixed is not None:
+            missed = resid
+            B, L = fixed
+            resid = float(np.linalg.norm(W - B @ L))
+            max_l1 = float(np.abs(L).sum(axis=0).max())
+            repaired = True
+            message += f"; its pair missed the residual test ({missed:.3e}) and was repaired (repair_pair)"
     if status == CONVERGED and not _feasible(resid, max_l1, normW, gamma, tol):
         status = FAILED
         message = f"stopping rule met but the polished pair has residual {resid:.3e}"
     return {"B": B, "L": L, "status": status, "message": message, "nit": k, "ninner": ninner,
-            "beta": beta, "revived": nrevived, "resid": resid, "max_l1": max_l1,
+            "beta": beta, "revived": nrevived, "repaired": repaired, "resid": resid, "max_l1": max_l1,
             "error_factor": float(np.vdot(B, B)) * max_l1 * max_l1,
             "fun_history": fun_hist, "residual_history": res_hist, "beta_history": beta_hist,
             "wall_seconds": time.perf_counter() - t_wall, "cpu_seconds": time.process_time() - t_cpu}
@@ -463,6 +523,7 @@ def solve_lrm(
     beta_double_every: int = 10,
     beta_max: float = 1e12,
     revive: float = 1e-2,
+    repair: bool = True,
     seed: int | np.random.Generator | None = None,
     rng: np.random.Generator | None = None,
     init: str | Sequence[str] | np.ndarray = "auto",
@@ -500,7 +561,9 @@ def solve_lrm(
     On exit L is projected once more (column L1 norms <= 1 up to rounding, ~1e-15) and B is
     re-optimised for it by `polish`. A run is feasible when its polished pair passes the residual
     test (relative residual <= tol for gamma = 0, residual <= gamma (1 + 1e-9) for gamma > 0) and
-    max_j ||L[:, j]||_1 <= 1 + 1e-9.
+    max_j ||L[:, j]||_1 <= 1 + 1e-9. With repair=True a pair that fails the residual test is given to
+    `repair_pair`, which moves L's unused rows onto W's missing row directions; a run so repaired
+    keeps its status (a capped run stays capped) and reports repaired=True.
 
     Selection and status: if every run met its stopping rule, the feasible runs and feasible starts
     compete on error_factor and status is CONVERGED (FAILED if none is feasible). Otherwise status
@@ -523,6 +586,7 @@ def solve_lrm(
         B0 = W L0^+.
     restarts : number of extra random starts after init (0 runs init alone).
     refine, refine_rtol : refinement rounds (0 for none) and the relative gain that earns another.
+    repair : make each run's final pair exact with `repair_pair` when it misses the residual test.
     seed, rng : randomness for the starts (the r - rank(W) extra rows of the SVD start, the random
         starts) and for reseeding dead rows, one child generator per start; give at most one.
     callback : called after each outer iteration of every run with a dict (k, counted across runs;
@@ -536,7 +600,7 @@ def solve_lrm(
     error under eps-DP is 2 / eps^2 * error_factor), rank, gamma, start (name of the winning start;
     kept_start True when a start beat every run), refine_rounds, starts (one dict per start and
     refinement round: name, start_factor, run_factor (inf when not feasible), status, nit,
-    cpu_seconds, wall_seconds), final beta and revived_rows of the winning run, and the
+    cpu_seconds, wall_seconds, repaired), final beta, revived_rows and repaired of the winning run, and the
     per-outer-iteration histories fun_history, residual_history, beta_history of all runs in order
     (ALM iterates, before polishing).
     """
@@ -550,7 +614,7 @@ def solve_lrm(
         raise ValueError(f"gamma must be a finite number >= 0; got {gamma!r}")
     opts = {"max_outer": max_outer, "max_inner": max_inner, "max_nesterov": max_nesterov,
             "beta_double_every": beta_double_every, "tol": tol, "ftol": ftol, "beta0": beta0,
-            "beta_max": beta_max, "revive": revive, "time_limit": time_limit}
+            "beta_max": beta_max, "revive": revive, "time_limit": time_limit, "repair": repair}
     _check_options(**opts)
     if isinstance(refine, bool) or not isinstance(refine, int | np.integer) or refine < 0:
         raise ValueError(f"refine must be an integer >= 0 (refinement rounds); got {refine!r}")
@@ -591,6 +655,7 @@ def solve_lrm(
                       "run_factor": math.inf if run is None or not _feasible(
                           run["resid"], run["max_l1"], normW, gamma, tol) else run["error_factor"],
                       "status": "skipped" if run is None else run["status"],
+                      "repaired": False if run is None else run["repaired"],
                       "nit": 0 if run is None else run["nit"],
                       "cpu_seconds": 0.0 if run is None else run["cpu_seconds"],
                       "wall_seconds": 0.0 if run is None else run["wall_seconds"]})
@@ -630,7 +695,7 @@ def solve_lrm(
             improved = ok and run["error_factor"] < best["error_factor"]
             table.append({"name": run["start"], "start_factor": best["error_factor"],
                           "run_factor": run["error_factor"] if ok else math.inf,
-                          "status": run["status"], "nit": run["nit"],
+                          "status": run["status"], "repaired": run["repaired"], "nit": run["nit"],
                           "cpu_seconds": run["cpu_seconds"], "wall_seconds": run["wall_seconds"]})
             if improved:
                 gain = 1.0 - run["error_factor"] / best["error_factor"]
@@ -649,6 +714,9 @@ def solve_lrm(
         if fallback:
             message += (f"; no run met the residual test, so the best feasible start ('{best['start']}', "
                         "projected and polished) is returned")
+        elif pool:
+            message += f"; returned: the run from start '{best['start']}'" + (
+                " (repaired)" if best.get("repaired") else "")
 
     B, L = best["B"], best["L"]
     resid = float(np.linalg.norm(W - B @ L))
@@ -677,6 +745,7 @@ def solve_lrm(
             "starts": table,
             "beta": src["beta"],
             "revived_rows": src["revived"],
+            "repaired": bool(best.get("repaired", False)),
             "fun_history": np.concatenate([np.asarray(u["fun_history"], float) for u in runs]),
             "residual_history": np.concatenate([np.asarray(u["residual_history"], float) for u in runs]),
             "beta_history": np.concatenate([np.asarray(u["beta_history"], float) for u in runs]),
