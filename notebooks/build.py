@@ -213,12 +213,19 @@ def range_queries() -> list:
 # The overrides of an experiment's settings, as `dpopt reproduce --repetitions / --epsilon / --max-cells`, read
 # from the environment (a notebook run at the paper's sizes with fewer repetitions says so in its output).
 OVERRIDES = """\
-# DPOPT_NB_REPETITIONS=1, DPOPT_NB_EPSILON=0.1 (or 0.2,1.6), DPOPT_NB_MAX_CELLS=mm-appendix-b=256.
+# DPOPT_NB_REPETITIONS=1, DPOPT_NB_EPSILON=0.1 (or 0.2,1.6), DPOPT_NB_MAX_CELLS=mm-appendix-b=256,
+# DPOPT_NB_FIGURE_SCALE=lrm-fig3=medium (a figure run at another scale than DPOPT_NB_SCALE).
 REPS = int(os.environ["DPOPT_NB_REPETITIONS"]) if os.environ.get("DPOPT_NB_REPETITIONS") else None
 EPS = [float(e) for e in os.environ["DPOPT_NB_EPSILON"].split(",")] if os.environ.get("DPOPT_NB_EPSILON") else None
 MAX_CELLS = ({k: int(v) for k, v in (kv.split("=") for kv in os.environ["DPOPT_NB_MAX_CELLS"].split(","))}
              if os.environ.get("DPOPT_NB_MAX_CELLS") else None)
-print("overrides:", {"repetitions": REPS, "epsilon": EPS, "max_cells": MAX_CELLS})
+FIGURE_SCALE = dict(kv.split("=") for kv in os.environ.get("DPOPT_NB_FIGURE_SCALE", "").split(",") if kv)
+assert set(FIGURE_SCALE.values()) <= {"small", "medium", "full"}, f"bad DPOPT_NB_FIGURE_SCALE: {FIGURE_SCALE}"
+print("overrides:", {"repetitions": REPS, "epsilon": EPS, "max_cells": MAX_CELLS, "figure_scale": FIGURE_SCALE})
+
+
+def run_scale(name):
+    return {"small": "small", "medium": "default", "full": "full"}[FIGURE_SCALE.get(name, SCALE)]
 """
 OVERRIDE_ARGS = ",\n                    repetitions=REPS, epsilons=EPS, max_cells=MAX_CELLS"
 
@@ -226,6 +233,7 @@ OVERRIDE_ARGS = ",\n                    repetitions=REPS, epsilons=EPS, max_cell
 def _runner(subset: list[str], overrides: bool) -> str:
     """The notebook's `show(name)` helper; with overrides, it reads them from DPOPT_NB_* variables."""
     return RUNNER.format(subset=repr(subset), overrides=OVERRIDES if overrides else "",
+                         scale="run_scale(name)" if overrides else "RUN_SCALE",
                          override_args=OVERRIDE_ARGS if overrides else "")
 
 
@@ -251,7 +259,7 @@ def show(name):
     if SMALL and name not in SMALL_SUBSET:
         print(f"{{name}}: not run at small scale (see the committed copy for its output)")
         return None
-    res = reproduce(name, scale=RUN_SCALE, out=OUT, cache=CACHE, max_workers=WORKERS, progress=False{override_args})
+    res = reproduce(name, scale={scale}, out=OUT, cache=CACHE, max_workers=WORKERS, progress=False{override_args})
     display(Image(filename=str(res.files["png"])))
     return res"""
 
@@ -282,13 +290,22 @@ def lrm_experiments() -> list:
             "Errors are exact expected errors of the fitted strategies per query (plus the data-dependent bias "
             "of relaxed LRM on the Search Logs histogram when it is available beside the checkout). The paper "
             "averages 20 runs on workloads up to n = 8192; `full` does the same, `medium` runs the `dpopt "
-            "reproduce` default scale, `small` a few points of three figures. **The committed copy ran at medium "
-            "scale**: the paper's scale (n up to 8192, 20 repetitions, three eps) takes hours on two cores. "
-            "Figs. 6, 8 and 9 at the paper's sizes, one draw per point, are in "
-            "`benchmarks/results/lrm_paper_scale.md`."
+            "reproduce` default scale, `small` a few points of three figures.\n\n"
+            "**The committed copy ran Figs. 2, 4, 5, 6, 8 and 9 at the paper's sizes** (m = 256, n = 1024; "
+            "n = 128 ... 4096; m = 64 ... 1024; gamma = 1e-4 ... 10; s = 0.1 ... 1.0 min(m, n); eps = 1, 0.1, "
+            "0.01 in Fig. 2) **with one random workload per point instead of the paper's 20**, MM (Appendix B) "
+            "up to n = 256 only (its n x n spectral projected gradient takes hours beyond), and without "
+            "n = 8192: the Search Logs vector here has 4096 cells. **Figs. 3 and 7 ran at the `medium` scale** "
+            "(m = 64, n = 256): at the paper's sizes their LRM fits (r up to 3.6 rank(W) = 922 rows; "
+            "m = n = 1024 with r = 1229) take several CPU hours each on this machine. Settings: "
+            "`DPOPT_NB_SCALE=full DPOPT_NB_REPETITIONS=1 DPOPT_NB_MAX_CELLS=mm-appendix-b=256 "
+            "DPOPT_NB_FIGURE_SCALE=lrm-fig3=medium,lrm-fig7=medium`, reading the per-task results of `dpopt "
+            "reproduce lrm-figK --full --repetitions 1 --max-cells mm-appendix-b=256 --cache DIR` through "
+            "`DPOPT_NB_CACHE=DIR`. Each paper-size point is one draw, not an average; "
+            "`benchmarks/results/lrm_paper_scale.md` discusses the same runs with their tables."
         ),
         new_code_cell(SETUP),
-        new_code_cell(_runner(["lrm-fig2", "lrm-fig6", "lrm-fig9"], overrides=False)),
+        new_code_cell(_runner(["lrm-fig2", "lrm-fig6", "lrm-fig9"], overrides=True)),
         *_figure_cells(figs),
         new_markdown_cell(
             "## Reading the results\n\n"
