@@ -232,7 +232,7 @@ def test_iteration_and_time_caps_are_not_convergence():
 
 def test_repair_pair_makes_a_near_miss_exact_at_almost_no_cost():
     # An exact decomposition (SVD start, r = 8 > rank W = 6) whose L is nudged off W's row space by 1e-4,
-    # as a stalled run ends: the residual misses gamma; the repaired pair meets it and costs the same.
+    # as a stalled run ends: the residual misses gamma; the repaired pair meets it for at most 1% more error.
     rng = np.random.default_rng(0)
     W = w_related(6, 12, 6, rng)
     gamma = 1e-6 * np.linalg.norm(W)

@@ -384,9 +384,10 @@ def repair_pair(
     """
     normW = float(np.linalg.norm(W))
     r = L.shape[0]
-    candidates = [L + np.linalg.pinv(B) @ (W - B @ L)]
-    _, sB, Vt = np.linalg.svd(B)
+    U, sB, Vt = np.linalg.svd(B)  # one factorisation serves B^+ and B's null space
     rank_B = int(np.count_nonzero(sB > _RANK_RTOL * sB[0])) if sB.size and sB[0] > 0 else 0
+    B_pinv = (Vt[:rank_B].T / sB[:rank_B]) @ U[:, :rank_B].T
+    candidates = [L + B_pinv @ (W - B @ L)]
     q = min(r - rank_B, min(W.shape))
     if q > 0:
         N = Vt[rank_B:rank_B + q].T  # r x q, B N = 0
