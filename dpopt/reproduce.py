@@ -569,13 +569,17 @@ def _family_point(family: str, x: float, m: int, n: int, s_frac: float = LRM_DEF
     return Point(panel=panel or family, x=x, workload=LRM_FAMILIES[family], sizes=sizes, params=params or {})
 
 
-def _numerical_rank(template: str, sizes: Mapping[str, Any]) -> int:
-    """rank(W) of the repetition-0 instance (random families are full rank with probability one)."""
+def _singular_values(template: str, sizes: Mapping[str, Any]) -> np.ndarray:
+    """Singular values of the repetition-0 instance (random families are full rank with probability one)."""
     from dpopt.specs import parse_workload
 
     W = parse_workload(resolve_workload(template, sizes, 0)).matrix()
-    sv = np.linalg.svd(W, compute_uv=False)
-    return int(np.count_nonzero(sv > 1e-10 * sv[0]))
+    return np.linalg.svd(W, compute_uv=False)
+
+
+# Below rank(W), Formula (8) has no solution when gamma is under the Eckart-Young residual of the best rank-r
+# approximation, sqrt(sum_{i > r} sigma_i^2), since B L has rank <= r; Fig. 3 then uses this multiple of it.
+LRM_TRUNCATION_SLACK = 1.2
 
 
 def lrm_fig2_points(scale: str) -> list[Point]:
@@ -590,10 +594,13 @@ def lrm_fig3_points(scale: str) -> list[Point]:
     pts = []
     for f in LRM_FAMILIES:
         base = _family_point(f, 0, m, n)
-        rank = _numerical_rank(base.workload, base.sizes)
-        for r in ratios:
-            pts.append(_family_point(f, r, m, n, params={"lrm": {"rank": max(1, int(math.ceil(r * rank))),
-                                                                 "gamma": LRM_DEFAULT["gamma"]}}))
+        sv = _singular_values(base.workload, base.sizes)
+        rank = int(np.count_nonzero(sv > 1e-10 * sv[0]))
+        for ratio in ratios:
+            r = max(1, int(math.ceil(ratio * rank)))
+            truncation = float(np.sqrt(np.sum(sv[r:] ** 2)))
+            gamma = max(LRM_DEFAULT["gamma"], LRM_TRUNCATION_SLACK * truncation)
+            pts.append(_family_point(f, ratio, m, n, params={"lrm": {"rank": r, "gamma": gamma}}))
     return pts
 
 

@@ -269,7 +269,9 @@ def lrm_experiments() -> list:
         ("lrm-fig2", "Effect of the relaxation gamma of Formula (8) on LRM's error and time, on WDiscrete, WRange "
          "and WRelated. The paper: error insensitive to gamma in [1e-4, 10], larger gamma runs faster."),
         ("lrm-fig3", "Effect of the number r of rows of L, as a multiple of rank(W). The paper: r < rank(W) is far "
-         "worse; beyond 1.2 rank(W) the error is stable (its default)."),
+         "worse; beyond 1.2 rank(W) the error is stable (its default). Below rank(W), gamma = 0.01 has no solution (a "
+         "rank-r B L misses W by at least the Eckart-Young residual of the best rank-r approximation), so there "
+         "gamma is 1.2 times that residual and the error includes the data-dependent term it lets in."),
         ("lrm-fig4", "Domain size n on WDiscrete, all mechanisms (MM = the matrix mechanism by Appendix B). The "
          "paper: LM best at small n; LRM's error stops growing past n = 512."),
         ("lrm-fig5", "Domain size n on WRange. The paper: LRM best; the wavelet and the tree beat LM from n = 512."),

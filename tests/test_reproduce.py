@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -151,6 +152,18 @@ def test_every_registered_experiment_builds_its_tasks():
     ranks = {dict(t.sizes)["x"]: dict(t.params)["rank"] for t in lrm3 if dict(t.sizes)["panel"] == "WRelated"}
     # WRelated(64 x 256, s = 13) has rank 13: r = ceil(ratio * 13).
     assert ranks == {0.8: math.ceil(0.8 * 13), 1.0: 13, 1.2: math.ceil(1.2 * 13), 2.1: math.ceil(2.1 * 13)}
+    # Below rank(W) gamma = 0.01 is infeasible (a rank-r B L misses W by the Eckart-Young residual), so it
+    # is raised to LRM_TRUNCATION_SLACK times that residual; from rank(W) on it is the default 0.01.
+    from dpopt.specs import parse_workload
+
+    for t in (t for t in lrm3 if dict(t.sizes)["x"] in (0.8, 1.0) and t.repetition == 0):
+        sv = np.linalg.svd(parse_workload(t.workload).matrix(), compute_uv=False)
+        r, gamma = dict(t.params)["rank"], dict(t.params)["gamma"]
+        if dict(t.sizes)["x"] == 1.0:
+            assert gamma == rp.LRM_DEFAULT["gamma"]
+        else:
+            assert gamma == pytest.approx(rp.LRM_TRUNCATION_SLACK * np.sqrt(np.sum(sv[r:] ** 2)), rel=1e-12)
+            assert gamma > 100 * rp.LRM_DEFAULT["gamma"]
 
 
 def test_overrides_give_the_papers_range_at_one_repetition_and_one_eps():
