@@ -100,6 +100,12 @@ def test_claim_checks_on_known_summaries():
     assert ok and "2" in msg
     ok, msg = rp.endpoint_ratio("a", 2.9, 3.1)(s)
     assert ok and "ratio 3" in msg
+    # x_from: the first x at or after it; when that is the largest x, the largest x but one.
+    t = _summary({("A", 1, "a"): 1.0, ("A", 2, "a"): 4.0, ("A", 4, "a"): 6.0, ("A", 8, "a"): 7.5})
+    assert "x=2->8 ratio 1.88" in rp.endpoint_ratio("a", 0.0, 2.0, x_from=2)(t)[1]
+    assert "x=4->8 ratio 1.25" in rp.endpoint_ratio("a", 0.0, 2.0, x_from=3)(t)[1]
+    assert "x=4->8 ratio 1.25" in rp.endpoint_ratio("a", 0.0, 2.0, x_from=8)(t)[1]
+    assert not rp.endpoint_ratio("a", 0.0, 2.0, x_from=1)(t)[0]
     assert rp.spread("a", 3.0)(s)[0] and not rp.spread("a", 2.9)(s)[0]
 
 
