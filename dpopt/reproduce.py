@@ -604,7 +604,8 @@ def lrm_fig3_points(scale: str) -> list[Point]:
         for ratio in ratios:
             r = max(1, int(math.ceil(ratio * rank)))
             truncation = float(np.sqrt(np.sum(sv[r:] ** 2)))
-            gamma = max(LRM_DEFAULT["gamma"], LRM_TRUNCATION_SLACK * truncation)
+            # 6 significant digits: the task hash must not depend on the last bits of an SVD
+            gamma = max(LRM_DEFAULT["gamma"], float(f"{LRM_TRUNCATION_SLACK * truncation:.6g}"))
             pts.append(_family_point(f, ratio, m, n, params={"lrm": {"rank": r, "gamma": gamma}}))
     return pts
 

@@ -168,7 +168,7 @@ def test_every_registered_experiment_builds_its_tasks():
         if dict(t.sizes)["x"] == 1.0:
             assert gamma == rp.LRM_DEFAULT["gamma"]
         else:
-            assert gamma == pytest.approx(rp.LRM_TRUNCATION_SLACK * np.sqrt(np.sum(sv[r:] ** 2)), rel=1e-12)
+            assert gamma == pytest.approx(rp.LRM_TRUNCATION_SLACK * np.sqrt(np.sum(sv[r:] ** 2)), rel=1e-5)
             assert gamma > 100 * rp.LRM_DEFAULT["gamma"]
 
 
