@@ -594,13 +594,15 @@ def lrm_fig2_points(scale: str) -> list[Point]:
 
 
 def lrm_fig3_points(scale: str) -> list[Point]:
+    from dpopt.solvers.lrm import rank_from_singular_values
+
     m, n = _lrm_sizes(scale)
     ratios = _pick(scale, [0.8, 1.2], [0.8, 1.0, 1.2, 2.1], LRM_R_RATIOS)
     pts = []
     for f in LRM_FAMILIES:
         base = _family_point(f, 0, m, n)
         sv = _singular_values(base.workload, base.sizes)
-        rank = int(np.count_nonzero(sv > 1e-10 * sv[0]))
+        rank = rank_from_singular_values(sv)
         for ratio in ratios:
             r = max(1, int(math.ceil(ratio * rank)))
             truncation = float(np.sqrt(np.sum(sv[r:] ** 2)))

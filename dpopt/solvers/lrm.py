@@ -41,12 +41,16 @@ def _as_matrix(W: Any) -> np.ndarray:
     return W
 
 
-def numerical_rank(W: np.ndarray, rtol: float = _RANK_RTOL) -> int:
-    """Number of singular values of W (m x n) above rtol times the largest one."""
-    s = np.linalg.svd(W, compute_uv=False)
+def rank_from_singular_values(s: np.ndarray, rtol: float = _RANK_RTOL) -> int:
+    """Number of singular values in s (descending) above rtol times the largest one (0 for an empty or zero s)."""
     if s.size == 0 or s[0] == 0.0:
         return 0
     return int(np.count_nonzero(s > rtol * s[0]))
+
+
+def numerical_rank(W: np.ndarray, rtol: float = _RANK_RTOL) -> int:
+    """Number of singular values of W (m x n) above rtol times the largest one."""
+    return rank_from_singular_values(np.linalg.svd(W, compute_uv=False), rtol)
 
 
 def default_rank(W: np.ndarray) -> int:
@@ -73,7 +77,7 @@ def svd_start(W: np.ndarray, r: int, rng: np.random.Generator) -> tuple[np.ndarr
     """
     m, n = W.shape
     _, s, Vt = np.linalg.svd(W, full_matrices=False)
-    k = min(r, int(np.count_nonzero(s > _RANK_RTOL * s[0])) if s[0] > 0 else 0)
+    k = min(r, rank_from_singular_values(s))
     L0 = np.vstack([Vt[:k], rng.normal(scale=1.0 / math.sqrt(n), size=(r - k, n))])
     L0 /= np.abs(L0).sum(axis=0).max()
     B0 = W @ np.linalg.pinv(L0)
@@ -385,7 +389,7 @@ def repair_pair(
     normW = float(np.linalg.norm(W))
     r = L.shape[0]
     U, sB, Vt = np.linalg.svd(B)  # one factorisation serves B^+ and B's null space
-    rank_B = int(np.count_nonzero(sB > _RANK_RTOL * sB[0])) if sB.size and sB[0] > 0 else 0
+    rank_B = rank_from_singular_values(sB)
     B_pinv = (Vt[:rank_B].T / sB[:rank_B]) @ U[:, :rank_B].T
     candidates = [L + B_pinv @ (W - B @ L)]
     q = min(r - rank_B, min(W.shape))
