@@ -11,6 +11,7 @@ import pytest
 from dpopt import reproduce as rp
 from dpopt.cli import main
 from dpopt.reproduce import EXPERIMENTS, Claim, Experiment, Point, make_table2, reproduce
+from dpopt.reproduce.runner import _settings
 
 FAST_ROWS = ["ALLRANGE(2,...,2)", "ALLPREDICATE(1024)"]
 
@@ -198,14 +199,14 @@ def test_reproduce_command_rejects_bad_overrides(capsys):
 def test_report_states_where_the_run_departs_from_the_papers_settings():
     exp = EXPERIMENTS["om-fig1"]
     full = exp.tasks("full", repetitions=1, max_cells={"mm-appendix-b": 500})
-    lines = rp._settings(exp, "full", full, exp.caps("full", {"mm-appendix-b": 500}), 1, None)
+    lines = _settings(exp, "full", full, exp.caps("full", {"mm-appendix-b": 500}), 1, None)
     assert lines == ["1 repetition(s) per point (the paper's setting: 20)",
                      "mm-appendix-b runs only up to n = 500 cells (not at n = 1000)",
                      "one fit per point serves every eps (selection does not depend on eps)"]
     # The paper's own settings: nothing to state. Below it, the experiment's caps are named.
     fig3 = EXPERIMENTS["om-fig3"]
-    assert rp._settings(fig3, "full", fig3.tasks("full"), fig3.caps("full"), None, None) == []
-    small = rp._settings(fig3, "default", fig3.tasks("default"), fig3.caps("default"), None, [0.5])
+    assert _settings(fig3, "full", fig3.tasks("full"), fig3.caps("full"), None, None) == []
+    small = _settings(fig3, "default", fig3.tasks("default"), fig3.caps("default"), None, [0.5])
     assert small[0] == f"eps = 0.5 (the paper's: {', '.join(f'{e:g}' for e in fig3.epsilon('full'))})"
     assert small[1].startswith("mm-appendix-b runs only up to n = 128 cells (not at n = ")
 
