@@ -78,6 +78,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
                    help="override the privacy levels (pure-DP errors scale exactly as 1/eps^2)")
     p.add_argument("--max-cells", default=None, metavar="MECH=N[,MECH=N...]",
                    help="run MECH only up to n = N cells, at every scale (replaces the experiment's caps)")
+    p.add_argument("--no-data", action="store_true",
+                   help="leave out the experiment's data vector: errors are the noise terms only (relaxed LRM's "
+                   "data-dependent bias is not added), and sizes beyond the data's cells run")
     p.add_argument("--workers", type=int, default=None, help="local worker processes (0: in this process)")
     p.add_argument("--scheduler", default=None, help="Dask scheduler address")
     p.add_argument("--cache", default=None, help="directory of per-task results (resume and reuse)")
@@ -169,7 +172,7 @@ def _reproduce(args: argparse.Namespace) -> int:
     res = reproduce(args.name, full=args.full, scale=args.scale, out=args.out, max_workers=args.workers,
                     scheduler=args.scheduler, cache=args.cache, repetitions=args.repetitions,
                     epsilons=_epsilons(args.epsilon), max_cells=_max_cells(args.max_cells),
-                    progress=not args.no_progress)
+                    use_data=not args.no_data, progress=not args.no_progress)
     if args.plot and "png" in res.files:
         shutil.copyfile(res.files["png"], args.plot)
     return 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import io
 import math
 
 import numpy as np
@@ -209,6 +211,27 @@ def test_report_states_where_the_run_departs_from_the_papers_settings():
     small = _settings(fig3, "default", fig3.tasks("default"), fig3.caps("default"), None, [0.5])
     assert small[0] == f"eps = 0.5 (the paper's: {', '.join(f'{e:g}' for e in fig3.epsilon('full'))})"
     assert small[1].startswith("mm-appendix-b runs only up to n = 128 cells (not at n = ")
+
+
+def test_no_data_runs_beyond_the_data_vector_and_says_so(tmp_path):
+    # A 12-cell data vector: Fig. 6's small points n = 16 and 32 lie beyond it and are skipped with data.
+    path = tmp_path / "x.npy"
+    np.save(path, np.arange(12.0))
+    exp = dataclasses.replace(EXPERIMENTS["lrm-fig6"], data=lambda: f"npy:{path}")
+    with_data = reproduce(exp, scale="small", out=None, max_workers=0, progress=False, report=False).results
+    beyond = with_data[with_data["x"] > 12]
+    assert len(beyond) and beyond["status"].str.startswith("skipped: data file").all()
+    buf = io.StringIO()
+    no_data = reproduce(exp, scale="small", out=None, max_workers=0, progress=False, use_data=False,
+                        stream=buf).results
+    assert (no_data["data"] == "").all() and rp.usable(no_data["status"]).all()
+    assert "setting: without the data vector: errors are the noise terms only" in buf.getvalue()
+    # Exact strategies have no data-dependent term: their errors do not change.
+    exact = ["laplace", "wavelet", "hierarchical"]
+    a = with_data[with_data["mechanism"].isin(exact) & (with_data["x"] <= 12)].set_index(["x", "mechanism"])
+    b = no_data[no_data["mechanism"].isin(exact) & (no_data["x"] <= 12)].set_index(["x", "mechanism"])
+    assert len(a) == 3
+    np.testing.assert_allclose(b.loc[a.index, "avg_squared_error"], a["avg_squared_error"], rtol=1e-12)
 
 
 def test_gap_to_next_best_compares_with_every_other_mechanism():

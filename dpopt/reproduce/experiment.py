@@ -80,13 +80,14 @@ class Experiment:
 
     def tasks(self, scale: str = "default", repetitions: int | None = None,
               epsilons: Sequence[float] | None = None,
-              max_cells: Mapping[str, int] | None = None) -> list[Task]:
+              max_cells: Mapping[str, int] | None = None, use_data: bool = True) -> list[Task]:
         """Every (point, mechanism, eps, repetition) at `scale` as a sweep task.
 
         repetitions, epsilons: override the experiment's (e.g. the paper's n range with one repetition
         and one eps: pure-DP expected errors scale exactly as 1/eps^2). With several eps the tasks share
         their fits (one selection per point and repetition, evaluated at every eps). max_cells: mechanism -> largest
-        n it runs at, at every scale (default: the experiment's caps, below the paper's scale only).
+        n it runs at, at every scale (default: the experiment's caps, below the paper's scale only). use_data=False:
+        no data vector, so errors are the noise terms only (no relaxed-LRM bias; runs beyond the data's cells).
         """
         scale = check_scale(scale)
         reps = repetitions if repetitions is not None else self.repetitions(scale)
@@ -95,7 +96,7 @@ class Experiment:
             raise ValueError(f"epsilons must be finite and > 0, got {eps_list}")
         caps = self.caps(scale, max_cells)
         shared = len(eps_list) > 1  # one fit per point serves every eps (experiments.Task.shared_fit)
-        data = self.data()
+        data = self.data() if use_data else None
         tasks: list[Task] = []
         for pt in self.points(scale):
             coords = {"panel": pt.panel, "x": pt.x, **pt.sizes}

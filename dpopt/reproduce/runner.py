@@ -38,6 +38,7 @@ def reproduce(
     repetitions: int | None = None,
     epsilons: Sequence[float] | None = None,
     max_cells: Mapping[str, int] | None = None,
+    use_data: bool = True,
     progress: bool = True,
     report: bool = True,
     stream: TextIO | None = None,
@@ -45,14 +46,14 @@ def reproduce(
     """Run an experiment, write its CSVs and plot under `out` (None: write nothing), print the comparison.
 
     scale: 'small', 'default' or 'full' (default: 'full' if full else 'default').
-    repetitions, epsilons, max_cells: overrides of the experiment's (see `Experiment.tasks`).
+    repetitions, epsilons, max_cells, use_data: overrides of the experiment's (see `Experiment.tasks`).
     The report goes to `stream` (default sys.stdout) unless report=False.
     """
     exp = name if isinstance(name, Experiment) else EXPERIMENTS.get(name)
     if exp is None:
         raise ValueError(f"unknown experiment {name!r}; expected one of {', '.join(EXPERIMENTS)}")
     scale = check_scale(scale or ("full" if full else "default"))
-    tasks = exp.tasks(scale, repetitions, epsilons, max_cells)
+    tasks = exp.tasks(scale, repetitions, epsilons, max_cells, use_data)
     df = run_sweep(tasks, max_workers=max_workers, scheduler=scheduler, cache=cache, progress=progress,
                    desc=exp.name)
     summary = exp.summarise(df) if exp.summarise else figure_summary(df, exp.metric)
@@ -80,14 +81,14 @@ def reproduce(
         else:
             plot_figure(exp, summary, files["png"])
     if report:
-        settings = _settings(exp, scale, tasks, exp.caps(scale, max_cells), repetitions, epsilons)
+        settings = _settings(exp, scale, tasks, exp.caps(scale, max_cells), repetitions, epsilons, use_data)
         _report(exp, scale, settings, summary, diffs, agrees, unavailable, files, stream or sys.stdout)
     return Reproduction(exp.name, df, summary, diffs, agrees, files)
 
 
 def _settings(exp: Experiment, scale: str, tasks: Sequence[Task], caps: Mapping[str, int],
-              repetitions: int | None, epsilons: Sequence[float] | None) -> list[str]:
-    """How the run departs from the paper's settings: overridden repetitions or eps, mechanisms capped in n."""
+              repetitions: int | None, epsilons: Sequence[float] | None, use_data: bool = True) -> list[str]:
+    """How the run departs from the paper's settings: overridden repetitions or eps, mechanisms capped in n, no data."""
     out = []
     if repetitions is not None and repetitions != exp.repetitions("full"):
         out.append(f"{repetitions} repetition(s) per point (the paper's setting: {exp.repetitions('full')})")
@@ -99,6 +100,8 @@ def _settings(exp: Experiment, scale: str, tasks: Sequence[Task], caps: Mapping[
         beyond = sorted(n for n in ns if n > cap)
         if mech in exp.mechanisms and beyond:
             out.append(f"{mech} runs only up to n = {cap} cells (not at n = {', '.join(map(str, beyond))})")
+    if not use_data and exp.data() is not None:
+        out.append("without the data vector: errors are the noise terms only (no ||(W - B L) x||^2 for relaxed LRM)")
     if any(t.shared_fit for t in tasks):
         out.append("one fit per point serves every eps (selection does not depend on eps)")
     return out
