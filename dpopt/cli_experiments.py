@@ -81,6 +81,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     p.add_argument("--no-data", action="store_true",
                    help="leave out the experiment's data vector: errors are the noise terms only (relaxed LRM's "
                    "data-dependent bias is not added), and sizes beyond the data's cells run")
+    p.add_argument("--x", default=None, metavar="X[,X...]", dest="xs",
+                   help="run only the points at these x-axis values (e.g. --x 8192: one n of a figure)")
     p.add_argument("--workers", type=int, default=None, help="local worker processes (0: in this process)")
     p.add_argument("--scheduler", default=None, help="Dask scheduler address")
     p.add_argument("--cache", default=None, help="directory of per-task results (resume and reuse)")
@@ -147,6 +149,19 @@ def _epsilons(text: str | None) -> list[float] | None:
         raise ValueError(f"--epsilon must be a comma-separated list of numbers, got {text!r}") from None
 
 
+def _xs(text: str | None) -> list[float] | None:
+    """'4096,8192' -> [4096.0, 8192.0] (checked against the experiment's points)."""
+    if text is None:
+        return None
+    try:
+        xs = [float(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise ValueError(f"--x must be a comma-separated list of numbers, got {text!r}") from None
+    if not xs:
+        raise ValueError("--x needs at least one value")
+    return xs
+
+
 def _max_cells(text: str | None) -> dict[str, int] | None:
     """'mm-appendix-b=256,lrm=4096' -> {'mm-appendix-b': 256, 'lrm': 4096}."""
     if text is None:
@@ -172,7 +187,7 @@ def _reproduce(args: argparse.Namespace) -> int:
     res = reproduce(args.name, full=args.full, scale=args.scale, out=args.out, max_workers=args.workers,
                     scheduler=args.scheduler, cache=args.cache, repetitions=args.repetitions,
                     epsilons=_epsilons(args.epsilon), max_cells=_max_cells(args.max_cells),
-                    use_data=not args.no_data, progress=not args.no_progress)
+                    use_data=not args.no_data, xs=_xs(args.xs), progress=not args.no_progress)
     if args.plot and "png" in res.files:
         shutil.copyfile(res.files["png"], args.plot)
     return 0

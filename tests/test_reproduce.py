@@ -234,6 +234,19 @@ def test_no_data_runs_beyond_the_data_vector_and_says_so(tmp_path):
     np.testing.assert_allclose(b.loc[a.index, "avg_squared_error"], a["avg_squared_error"], rtol=1e-12)
 
 
+def test_x_runs_only_some_points_and_rejects_unknown_ones(capsys):
+    exp = EXPERIMENTS["lrm-fig4"]
+    tasks = exp.tasks("small", xs=[16])
+    assert tasks and {dict(t.sizes)["n"] for t in tasks} == {16}
+    assert len(tasks) == len([t for t in exp.tasks("small") if dict(t.sizes)["n"] == 16])
+    with pytest.raises(ValueError, match=r"no points at x = \[7.0\]"):
+        exp.tasks("small", xs=[7])
+    assert _settings(exp, "small", tasks, exp.caps("small"), None, None, True, [16])[0] == "only the points at n = 16"
+    assert main(["reproduce", "lrm-fig4", "--scale", "small", "--x", "7"]) == 2
+    assert "no points at x" in capsys.readouterr().err
+    assert main(["reproduce", "lrm-fig4", "--scale", "small", "--x", "a"]) == 2
+
+
 def test_gap_to_next_best_compares_with_every_other_mechanism():
     s = _summary({("A", 1, "a"): 1.0, ("A", 1, "b"): 300.0, ("A", 1, "c"): 50.0,
                   ("A", 2, "a"): 1.0, ("A", 2, "b"): 200.0, ("A", 2, "c"): 150.0})

@@ -80,7 +80,8 @@ class Experiment:
 
     def tasks(self, scale: str = "default", repetitions: int | None = None,
               epsilons: Sequence[float] | None = None,
-              max_cells: Mapping[str, int] | None = None, use_data: bool = True) -> list[Task]:
+              max_cells: Mapping[str, int] | None = None, use_data: bool = True,
+              xs: Sequence[float] | None = None) -> list[Task]:
         """Every (point, mechanism, eps, repetition) at `scale` as a sweep task.
 
         repetitions, epsilons: override the experiment's (e.g. the paper's n range with one repetition
@@ -88,6 +89,7 @@ class Experiment:
         their fits (one selection per point and repetition, evaluated at every eps). max_cells: mechanism -> largest
         n it runs at, at every scale (default: the experiment's caps, below the paper's scale only). use_data=False:
         no data vector, so errors are the noise terms only (no relaxed-LRM bias; runs beyond the data's cells).
+        xs: only the points at these x (e.g. one n of a figure); a value no point has is an error.
         """
         scale = check_scale(scale)
         reps = repetitions if repetitions is not None else self.repetitions(scale)
@@ -98,7 +100,14 @@ class Experiment:
         shared = len(eps_list) > 1  # one fit per point serves every eps (experiments.Task.shared_fit)
         data = self.data() if use_data else None
         tasks: list[Task] = []
-        for pt in self.points(scale):
+        points = self.points(scale)
+        if xs is not None:
+            unknown = sorted(set(map(float, xs)) - {float(pt.x) for pt in points})
+            if unknown:
+                raise ValueError(f"{self.name} has no points at x = {unknown} at scale {scale!r}; its x: "
+                                 f"{sorted({float(pt.x) for pt in points})}")
+            points = [pt for pt in points if float(pt.x) in set(map(float, xs))]
+        for pt in points:
             coords = {"panel": pt.panel, "x": pt.x, **pt.sizes}
             for mech in self.mechanisms:
                 if int(pt.sizes.get("n", 0)) > caps.get(mech, math.inf):

@@ -39,6 +39,7 @@ def reproduce(
     epsilons: Sequence[float] | None = None,
     max_cells: Mapping[str, int] | None = None,
     use_data: bool = True,
+    xs: Sequence[float] | None = None,
     progress: bool = True,
     report: bool = True,
     stream: TextIO | None = None,
@@ -46,14 +47,14 @@ def reproduce(
     """Run an experiment, write its CSVs and plot under `out` (None: write nothing), print the comparison.
 
     scale: 'small', 'default' or 'full' (default: 'full' if full else 'default').
-    repetitions, epsilons, max_cells, use_data: overrides of the experiment's (see `Experiment.tasks`).
+    repetitions, epsilons, max_cells, use_data, xs: overrides of the experiment's (see `Experiment.tasks`).
     The report goes to `stream` (default sys.stdout) unless report=False.
     """
     exp = name if isinstance(name, Experiment) else EXPERIMENTS.get(name)
     if exp is None:
         raise ValueError(f"unknown experiment {name!r}; expected one of {', '.join(EXPERIMENTS)}")
     scale = check_scale(scale or ("full" if full else "default"))
-    tasks = exp.tasks(scale, repetitions, epsilons, max_cells, use_data)
+    tasks = exp.tasks(scale, repetitions, epsilons, max_cells, use_data, xs)
     df = run_sweep(tasks, max_workers=max_workers, scheduler=scheduler, cache=cache, progress=progress,
                    desc=exp.name)
     summary = exp.summarise(df) if exp.summarise else figure_summary(df, exp.metric)
@@ -81,15 +82,18 @@ def reproduce(
         else:
             plot_figure(exp, summary, files["png"])
     if report:
-        settings = _settings(exp, scale, tasks, exp.caps(scale, max_cells), repetitions, epsilons, use_data)
+        settings = _settings(exp, scale, tasks, exp.caps(scale, max_cells), repetitions, epsilons, use_data, xs)
         _report(exp, scale, settings, summary, diffs, agrees, unavailable, files, stream or sys.stdout)
     return Reproduction(exp.name, df, summary, diffs, agrees, files)
 
 
 def _settings(exp: Experiment, scale: str, tasks: Sequence[Task], caps: Mapping[str, int],
-              repetitions: int | None, epsilons: Sequence[float] | None, use_data: bool = True) -> list[str]:
-    """How the run departs from the paper's settings: overridden repetitions or eps, mechanisms capped in n, no data."""
+              repetitions: int | None, epsilons: Sequence[float] | None, use_data: bool = True,
+              xs: Sequence[float] | None = None) -> list[str]:
+    """How the run departs from the paper's settings: repetitions, eps, mechanisms capped in n, no data, some x."""
     out = []
+    if xs is not None:
+        out.append(f"only the points at {exp.xlabel} = {', '.join(f'{x:g}' for x in xs)}")
     if repetitions is not None and repetitions != exp.repetitions("full"):
         out.append(f"{repetitions} repetition(s) per point (the paper's setting: {exp.repetitions('full')})")
     if epsilons is not None and list(epsilons) != exp.epsilon("full"):
