@@ -102,11 +102,11 @@ class Experiment:
         tasks: list[Task] = []
         points = self.points(scale)
         if xs is not None:
-            unknown = sorted(set(map(float, xs)) - {float(pt.x) for pt in points})
-            if unknown:
-                raise ValueError(f"{self.name} has no points at x = {unknown} at scale {scale!r}; its x: "
-                                 f"{sorted({float(pt.x) for pt in points})}")
-            points = [pt for pt in points if float(pt.x) in set(map(float, xs))]
+            wanted, have = set(map(float, xs)), {float(pt.x) for pt in points}
+            if wanted - have:
+                raise ValueError(f"{self.name} has no points at x = {sorted(wanted - have)} at scale {scale!r}; "
+                                 f"its x: {sorted(have)}")
+            points = [pt for pt in points if float(pt.x) in wanted]
         for pt in points:
             coords = {"panel": pt.panel, "x": pt.x, **pt.sizes}
             for mech in self.mechanisms:
