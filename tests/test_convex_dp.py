@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import csv
-from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import require_shared
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -18,9 +18,6 @@ from dpopt.solvers.convex_dp import (
 )
 from dpopt.solvers.convex_dp_core import range_factor
 from dpopt.solvers.result import CONVERGED, MAX_ITER, STALLED
-
-REFERENCE = Path(__file__).resolve().parents[1] / ".." / "shared" / "reference" / "hdmm-oned.csv"
-
 
 # ---- independent workload constructions (closed forms and explicit matrices) ----------------------
 
@@ -235,9 +232,7 @@ def test_primal_on_singular_gram_reports_regularisation() -> None:
 
 def test_matches_published_table_at_n128() -> None:
     """RMSE = sqrt(fun / m) is <= HDMM's YuanConvex and >= its SVDB column at n = 128."""
-    if not REFERENCE.exists():
-        pytest.skip("shared reference table not available")
-    with REFERENCE.open() as fh:
+    with require_shared("reference/hdmm-oned.csv").open() as fh:
         rows = {(int(r["domain"]), r["workload"]): r for r in csv.DictReader(fh)}
     n = 128
     cases = {"all-range": (allrange_gram(n), n * (n + 1) // 2), "prefix": (prefix_gram(n), n)}

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import require_shared
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dpopt.data import Categorical, Domain, IntegerRange, NumericBins, histogram
-
-ADULT = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "adult"
 
 
 @pytest.fixture
@@ -185,11 +187,9 @@ def test_values_cell_roundtrip_property(sizes: list[int], data: st.DataObject) -
 
 
 def test_adult_histogram_matches_crosstab() -> None:
-    csv = ADULT / "adult.csv"
-    if not csv.exists():
-        pytest.skip("../shared/data/adult not available")
+    csv = require_shared("data/adult/adult.csv")
     df = pd.read_csv(csv)
-    full = Domain.from_json(ADULT / "adult-domain.json")
+    full = Domain.from_json(require_shared("data/adult/adult-domain.json"))
     dom = full.project(["race", "sex", "income>50K"])
     x, rep = histogram(df, dom)
     assert rep.n_counted == len(df) == 48842
@@ -198,3 +198,37 @@ def test_adult_histogram_matches_crosstab() -> None:
     for (r, s, i), c in counts.items():
         expected[r, s, i] = c
     np.testing.assert_array_equal(x, expected.ravel())
+
+
+# -- the shared folder: skipped on a clone without it, a failure under CI ------------------------------
+
+_NEEDS_SHARED = [
+    "tests/test_data.py::test_adult_histogram_matches_crosstab",
+    "tests/test_convex_dp.py::test_matches_published_table_at_n128",
+]
+
+
+def _run_without_shared(tmp_path: Path, ci: str | None) -> subprocess.CompletedProcess[str]:
+    """Run the tests that need the shared folder with DPOPT_SHARED pointing at a folder that does not exist."""
+    env = {k: v for k, v in os.environ.items() if k != "CI"}
+    env["DPOPT_SHARED"] = str(tmp_path / "absent")
+    if ci is not None:
+        env["CI"] = ci
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rsf", "-p", "no:cacheprovider", *_NEEDS_SHARED]
+    return subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_missing_shared_folder_skips_with_the_missing_path(tmp_path: Path) -> None:
+    res = _run_without_shared(tmp_path, ci=None)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "2 skipped" in res.stdout and "failed" not in res.stdout
+    for rel in ("data/adult/adult.csv", "reference/hdmm-oned.csv"):
+        assert f"{tmp_path / 'absent' / rel} does not exist" in res.stdout, res.stdout
+
+
+def test_missing_shared_folder_fails_under_ci(tmp_path: Path) -> None:
+    res = _run_without_shared(tmp_path, ci="true")
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "2 failed" in res.stdout and "skipped" not in res.stdout
+    assert f"CI=true and 'reference/hdmm-oned.csv' in the shared folder not found: {tmp_path / 'absent'}" in res.stdout

@@ -5,6 +5,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import require_shared, shared_root
 
 from dpopt.implicit.adult import adult_paths, marginals_workload, release, table_counter
 from dpopt.implicit.marginal_opt import residual_planner
@@ -17,17 +18,17 @@ from dpopt.privacy import Privacy
 from dpopt.specs import SpecError
 from dpopt.workloads import AllRange
 
-DATA = Path("../shared/data")
-DOMAIN, CSV = adult_paths(DATA)
 
-
-def _need_adult():
-    if not (DOMAIN.is_file() and CSV.is_file()):
-        pytest.skip("Adult data not found under ../shared/data/adult")
+def _need_adult() -> tuple[Path, Path, Path]:
+    """(data folder, domain JSON, CSV) of the shared Adult data; skips (fails under CI=true) without them."""
+    domain, csv = adult_paths(shared_root() / "data")
+    for path in (domain, csv):
+        require_shared(str(path.relative_to(shared_root())))
+    return shared_root() / "data", domain, csv
 
 
 def test_adult_two_way_release_matches_expected_error():
-    _need_adult()
+    _, DOMAIN, CSV = _need_adult()
     w = marginals_workload(DOMAIN, 2)
     assert w.n_factors == 14 and len(w.subsets) == 91
     assert w.n == pytest.approx(6.4e17, rel=0.01)
@@ -49,7 +50,7 @@ def test_adult_two_way_release_matches_expected_error():
 
 
 def test_adult_eps_dp_release():
-    _need_adult()
+    _, DOMAIN, CSV = _need_adult()
     w = marginals_workload(DOMAIN, 2)
     priv = Privacy(1.0)
     sel = select_strategy(w, priv, restarts=1)
@@ -67,7 +68,7 @@ def test_table_counter_refuses_bad_codes():
         table_counter(df, ["a", "c"], [3, 2])
 
 
-def test_specs():
+def test_specs(tmp_path):
     w = parse_implicit_spec("kron:prefix:256,identity:256")
     assert isinstance(w, KronWorkload) and w.shape == (65536, 65536)
     assert parse_implicit_spec("kron:allrange:64,allrange:32") is None  # the dense path handles it
@@ -77,13 +78,13 @@ def test_specs():
     m = parse_implicit_spec("marginals:2x3x4:2", force=True)
     assert isinstance(m, MarginalsWorkload) and len(m.subsets) == 3
     with pytest.raises(SpecError, match="no domain file"):
-        parse_implicit_spec("marginals:nosuchdata:2", data_dir=DATA)
+        parse_implicit_spec("marginals:nosuchdata:2", data_dir=tmp_path)
     with pytest.raises(SpecError, match="integer"):
         parse_implicit_spec("marginals:2x3:two")
 
 
 def test_specs_adult():
-    _need_adult()
+    DATA, DOMAIN, _ = _need_adult()
     w = parse_implicit_spec("marginals:adult:2", data_dir=DATA)
     assert isinstance(w, MarginalsWorkload) and len(w.subsets) == 91
     w3 = parse_implicit_spec(f"marginals:{DOMAIN}:3")

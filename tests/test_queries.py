@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import require_shared
 
 from dpopt.data import Categorical, Domain, IntegerRange, NumericBins, histogram
 from dpopt.queries import (
@@ -24,8 +23,6 @@ from dpopt.queries import (
     stack_workloads,
     total_workload,
 )
-
-ADULT = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "adult"
 
 
 @pytest.fixture
@@ -167,11 +164,9 @@ def test_workload_over_other_domain_detected(dom: Domain) -> None:
 
 
 def test_adult_predicates_match_pandas() -> None:
-    csv = ADULT / "adult.csv"
-    if not csv.exists():
-        pytest.skip("../shared/data/adult not available")
+    csv = require_shared("data/adult/adult.csv")
     df = pd.read_csv(csv)
-    dom = Domain.from_json(ADULT / "adult-domain.json").project(["age", "race", "sex"])
+    dom = Domain.from_json(require_shared("data/adult/adult-domain.json")).project(["age", "race", "sex"])
     x, _ = histogram(df, dom)
     W = predicate_workload(dom, [Between("age", 20, 29) & Equals("sex", 1), In("race", [0, 2])])
     np.testing.assert_array_equal(
