@@ -3,6 +3,20 @@
 Unless a function says otherwise, bounds are per unit privacy constant: multiply by P(eps, delta) =
 `Privacy.variance_factor` (2 ln(2/delta)/eps^2 in the seeds' Gaussian convention, 2/eps^2 for Laplace).
 Functions accept a Workload or a matrix W; quantities depend on W only through W^T W.
+
+Round-off in the SVD bound may only lower it (a reported lower bound must stay below every error a
+strategy reaches). `svdb_from_singular_value_bounds` is the one place the bound is formed; its callers
+hand it lower bounds on the singular values:
+- from W (`singular_value_lower_bounds`): LAPACK's SVD is backward stable, each computed singular value is
+  within p(m, n) eps ||W||_2 of the exact one (Weyl); we take p = 2 max(m, n) and use max(s_i - that, 0);
+- from G = W^T W (`gram_singular_value_lower_bounds`): eigvalsh is backward stable, each computed eigenvalue
+  is within p(n) eps ||G||_2 of the exact one; we take p = 2n and use sqrt(max(lambda_i - that, 0)). So an
+  eigenvalue at or below 2 n eps lambda_max counts as zero: a rank-deficient Gram's round-off eigenvalues
+  (about 1e-16 lambda_max each, whose square roots used to add 1e-8 relative) contribute nothing.
+  G itself is taken as exact (the closed-form Grams of the families are integer matrices).
+The sum, square and division then add at most (k + 2) eps relative (k terms, Higham's gamma_k for a sum of
+positive terms, to first order); the result is multiplied by 1 - 2 (2 r + (k + 2) eps), twice that bound
+plus the terms' own relative error r.
 """
 
 from __future__ import annotations
@@ -15,6 +29,10 @@ from scipy.special import gammaln
 
 from dpopt.workloads import Workload, _scaled, as_workload
 
+EPS = float(np.finfo(float).eps)
+# Dense W is used for the bound (instead of its Gram) while m * n * min(m, n) stays below this many flops.
+SVD_OF_W_MAX_FLOPS = 2**27
+
 
 def _gram_eigenvalues(G: np.ndarray) -> np.ndarray:
     """Eigenvalues of a symmetric PSD matrix, round-off negatives clipped to 0."""
@@ -22,23 +40,79 @@ def _gram_eigenvalues(G: np.ndarray) -> np.ndarray:
     return np.clip(d, 0.0, None)
 
 
-def svd_bound_from_gram(G: np.ndarray) -> float:
-    """SVDB = (1/n) (sum_i sqrt(d_i))^2 over the eigenvalues d_i of W^T W (seed 004 Prop. 4.3)."""
+def rounding_shrink(n_terms: int, term_rel_err: float = 0.0) -> float:
+    """1 - 2 (2 r + (k + 2) eps): twice the first-order relative error of (sum of k terms)^2 / n (module note)."""
+    return max(0.0, 1.0 - 2.0 * (2.0 * term_rel_err + (n_terms + 2) * EPS))
+
+
+def svdb_from_singular_value_bounds(
+    sigma: np.ndarray, n: float, counts: np.ndarray | None = None, term_rel_err: float = 0.0
+) -> float:
+    """(1/n)(sum_i r_i sigma_i)^2 times `rounding_shrink`: SVDB (seed 004 Def. 4.1) from lower bounds sigma_i.
+
+    sigma_i must be lower bounds on the singular values (r_i = `counts` of each, default 1), each computed
+    with relative error at most `term_rel_err`; the result is then a lower bound on the exact SVDB.
+    """
+    t = np.asarray(sigma, dtype=float)
+    if counts is not None:
+        t = t * np.asarray(counts, dtype=float)
+    total = float(t.sum())
+    return total * total / n * rounding_shrink(t.size + (0 if counts is None else t.size), term_rel_err)
+
+
+def gram_singular_value_lower_bounds(G: np.ndarray) -> np.ndarray:
+    """sqrt(max(lambda_i - 2 n eps lambda_max, 0)) over eigvalsh(G): lower bounds on the singular values of W."""
+    lam = np.linalg.eigvalsh((G + G.T) / 2)
+    err = 2.0 * G.shape[0] * EPS * float(np.max(np.abs(lam)))
+    return np.sqrt(np.clip(lam - err, 0.0, None))
+
+
+def singular_value_lower_bounds(W: np.ndarray) -> np.ndarray:
+    """max(s_i - 2 max(m, n) eps s_max, 0) over the computed singular values s_i of W (m x n)."""
+    s = np.linalg.svd(np.asarray(W, dtype=float), compute_uv=False)
+    err = 2.0 * max(W.shape) * EPS * (float(s[0]) if s.size else 0.0)
+    return np.clip(s - err, 0.0, None)
+
+
+def _check_gram(G: np.ndarray) -> np.ndarray:
+    """G as a float array, refused unless square, non-empty and finite."""
     G = np.asarray(G, dtype=float)
     if G.ndim != 2 or G.shape[0] != G.shape[1] or G.shape[0] == 0:
         raise ValueError(f"Gram matrix must be square and non-empty, got shape {G.shape}")
     if not np.all(np.isfinite(G)):
         raise ValueError("Gram matrix has NaN or infinite entries")
-    d = _gram_eigenvalues(G)
-    return float(np.sqrt(d).sum() ** 2 / G.shape[0])
+    return G
+
+
+def svd_bound_from_gram(G: np.ndarray) -> float:
+    """SVDB = (1/n)(sum_i sqrt(d_i))^2 over the eigenvalues d_i of W^T W (seed 004 Prop. 4.3), round-off only lowering it."""
+    G = _check_gram(G)
+    return svdb_from_singular_value_bounds(gram_singular_value_lower_bounds(G), G.shape[0], term_rel_err=EPS)
+
+
+def svd_bound_from_matrix(W: np.ndarray) -> float:
+    """SVDB = (1/n)(sum of singular values of W)^2 from W itself (seed 004 Def. 4.1), round-off only lowering it."""
+    W = np.asarray(W, dtype=float)
+    if W.ndim != 2 or W.size == 0 or not np.all(np.isfinite(W)):
+        raise ValueError(f"W must be a non-empty finite 2-D array, got shape {W.shape}")
+    return svdb_from_singular_value_bounds(singular_value_lower_bounds(W), W.shape[1], term_rel_err=EPS)
+
+
+def _use_rows(w: Workload) -> bool:
+    """True when the SVD of the dense W is cheap (better conditioned than the Gram's eigenvalues)."""
+    m, n = w.shape
+    return w.has_rows and m * n * min(m, n) <= SVD_OF_W_MAX_FLOPS
 
 
 def svd_bound(workload: Workload | np.ndarray) -> float:
     """SVDB(W) = (1/n)(lambda_1 + ... + lambda_n)^2, lambda the singular values of W (seed 004 Def. 4.1).
 
+    From W's singular values when the SVD is cheap, else from W^T W; either way round-off only lowers it.
     Returns inf if the value exceeds float64 (AllPredicate(1024)); use `log10_svd_bound` then.
     """
     w = as_workload(workload)
+    if _use_rows(w):
+        return svd_bound_from_matrix(w.matrix())
     return _scaled(svd_bound_from_gram(w.gram()), w.gram_log_scale)
 
 

@@ -145,8 +145,15 @@ class KronWorkload(ImplicitWorkload):
         return math.prod(float(np.trace(G)) for G in self.factor_grams)
 
     def svd_bound(self) -> float:
-        """prod_i SVDB(W_i): singular values of a Kronecker product are the products of the factors'."""
-        return math.prod(svd_bound_factor(G) for G in self.factor_grams)
+        """prod_i SVDB(W_i) (singular values of a Kronecker product are the factors' products), never above it.
+
+        Each factor's bound is a lower bound; the d - 1 products add at most (d - 1) eps/2 relative, so the
+        product is shrunk by 1 - d eps.
+        """
+        from dpopt.bounds import EPS
+
+        bounds = [svd_bound_factor(G) for G in self.factor_grams]
+        return math.prod(bounds) * max(0.0, 1.0 - len(bounds) * EPS)
 
     def matvec(self, x: np.ndarray) -> np.ndarray:
         """W x through the factors (x of n entries); the result has m entries."""
@@ -199,7 +206,10 @@ class UnionWorkload(ImplicitWorkload):
         The second is valid because min_X sum_k f_k(X) >= sum_k min_X f_k(X): every part is answered by the
         same strategy, and each part's error is at least its own optimum, hence at least its SVD bound.
         """
+        from dpopt.bounds import rounding_shrink
+
         parts = float(sum(w**2 * p.svd_bound() for w, p in zip(self.weights, self.parts, strict=True)))
+        parts *= rounding_shrink(len(self.parts))  # the sum and w^2 round; keep it below the exact sum
         if self.n * self.n <= MAX_DENSE_ENTRIES // 16:
             full = self.svd_bound()
             if full >= parts:
@@ -297,8 +307,17 @@ class MarginalsWorkload(ImplicitWorkload):
         return math.exp(log_v) if log_v < 709.0 else math.inf
 
     def svd_bound(self) -> float:
-        """(sum_A r_A sqrt(c_A))^2 / N = (sum_A r_A sqrt(c_A / N))^2 (seed 004 Def. 4.1, exact spectrum)."""
-        return float(np.dot(self.multiplicities, np.sqrt(self.scaled_eigenvalues))) ** 2
+        """(sum_A r_A sqrt(c_A))^2 / N = (sum_A r_A sqrt(c_A / N))^2 (seed 004 Def. 4.1, exact spectrum), never above it.
+
+        c_A / N sums at most |S| terms w_S^2 / N_S (each two roundings), so it carries at most (|S| + 1) eps/2
+        relative error; its square root and r_A (rounded to float) add eps; `rounding_shrink` covers the rest.
+        """
+        from dpopt.bounds import EPS, svdb_from_singular_value_bounds
+
+        term_err = (len(self.masks) + 4) * EPS
+        return svdb_from_singular_value_bounds(
+            np.sqrt(self.scaled_eigenvalues), 1.0, counts=self.multiplicities, term_rel_err=term_err
+        )
 
     def error_lower_bound(self) -> tuple[float, str]:
         return self.svd_bound(), "svd bound (tight for marginals)"
