@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from dpopt.baselines import hierarchical_strategy
-from dpopt.error import expected_error, noisy_answers
+from dpopt.error import expected_error
 from dpopt.mechanisms import (
     MECHANISMS,
     LaplaceMechanism,
@@ -55,26 +55,53 @@ def data_vector(n: int, seed: int = 7) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 50, size=n).astype(float)
 
 
-def monte_carlo_total(mech: Mechanism, x: np.ndarray, trials: int, seed: int) -> tuple[float, float]:
-    """Mean and standard error of ||answer - W x||^2 over `trials` draws of B (A x + z), in batches of 200.
+def _dense(M) -> np.ndarray:
+    return np.asarray(M.toarray() if hasattr(M, "toarray") else M, dtype=float)
 
-    The draws come from `dpopt.error.noisy_answers`, the function `answer` returns one draw of (checked
-    in `check_fitted`); `monte_carlo_error` is not used because it insists on exact support (rtol 1e-8),
-    which relaxed and solver-tolerance LRM decompositions do not have.
+
+def variance_per_unit_sensitivity(privacy: Privacy) -> float:
+    """Noise variance per measurement at sensitivity 1, written out from the seeds' conventions (module doc)."""
+    if privacy.delta == 0:
+        return 2.0 / privacy.epsilon**2  # Laplace with scale b = 1/eps: variance 2 b^2
+    return 2.0 * np.log(2.0 / privacy.delta) / privacy.epsilon**2  # classic Gaussian, P(eps, delta)
+
+
+def dense_total_error(mech: Mechanism) -> tuple[float, float]:
+    """Expected total squared error of the fitted strategy by dense SVD linear algebra, and its relative tolerance.
+
+    B is the given reconstruction, or W A^+ with A^+ from numpy's SVD pseudo-inverse (rank cut at
+    1e-5 sigma_max, i.e. RANK_RTOL = 1e-10 on the eigenvalues of A^T A); sensitivity is the largest
+    column L1 (eps-DP) or L2 ((eps, delta)) norm of A; error = variance(sens) ||B||_F^2. The library goes
+    through a Cholesky factor of A^T A instead, whose relative error is bounded by about
+    n kappa(A)^2 u (u = unit round-off), the SVD route's by n kappa(A) u; the tolerance is 10 times the
+    larger, with a floor of 1e-12 for the summations.
     """
+    st, w = mech.strategy_, mech.workload_
+    A = _dense(st.A)
+    s = np.linalg.svd(A, compute_uv=False)
+    kept = s[s > 1e-5 * s[0]]
+    kappa = float(kept[0] / kept[-1])
+    if st.B is not None:
+        B = _dense(st.B)
+    else:
+        B = _dense(w.matrix()) @ np.linalg.pinv(A, rcond=1e-5)
+    sens = np.abs(A).sum(axis=0).max() if mech.privacy_.is_pure else np.sqrt((A**2).sum(axis=0).max())
+    total = variance_per_unit_sensitivity(mech.privacy_) * sens**2 * float(np.sum(B**2))
+    rtol = max(1e-12, 10 * max(A.shape) * kappa**2 * np.finfo(float).eps)
+    return total, rtol
+
+
+def monte_carlo_total(mech: Mechanism, x: np.ndarray, trials: int, seed: int) -> tuple[float, float]:
+    """Mean and standard error of ||answer - W x||^2 over `trials` calls of the public `mech.answer`."""
     rng = np.random.default_rng(seed)
     truth = np.asarray(mech.workload_.sparse() @ x).ravel()
-    totals = []
-    for start in range(0, trials, 200):
-        k = min(200, trials - start)
-        d = noisy_answers(mech.strategy_, mech.workload_, mech.privacy_, x, rng, k) - truth
-        totals.append(np.sum(d**2, axis=1))
-    t = np.concatenate(totals)
+    t = np.array([np.sum((mech.answer(x, rng) - truth) ** 2) for _ in range(trials)])
     return float(t.mean()), float(t.std(ddof=1) / np.sqrt(trials))
 
 
 def check_fitted(mech: Mechanism, x: np.ndarray, seed: int, rel_support: float = 1e-6) -> None:
-    """Support, analytic = Monte Carlo within MC_SIGMAS standard errors over MC_TRIALS draws, error >= bound."""
+    """Support; the reported error against dense linear algebra; answer = B A x + noise (linear in x);
+    Monte Carlo mean of answer()'s squared error = analytic within MC_SIGMAS standard errors; error >= bound."""
     st = mech.strategy_
     w = mech.workload_
     report = expected_error(st, w, mech.privacy_, x=x, rtol=mech.support_rtol)
@@ -82,10 +109,29 @@ def check_fitted(mech: Mechanism, x: np.ndarray, seed: int, rel_support: float =
         assert st.residual(w) <= st.gamma * (1 + 1e-9)
     else:
         assert st.unsupported_fraction(w) <= rel_support
-    expected = report.total + (report.bias_sq or 0.0)
-    assert report.total == pytest.approx(mech.expected_error_.total, rel=1e-12)
-    one = mech.answer(x, np.random.default_rng(seed))
-    np.testing.assert_allclose(one, noisy_answers(st, w, mech.privacy_, x, np.random.default_rng(seed), 1)[0])
+    dense, rtol = dense_total_error(mech)
+    assert mech.expected_error_.total == pytest.approx(dense, rel=rtol), (mech.short_name, rtol)
+    assert report.total == pytest.approx(dense, rel=rtol)
+    # The noise does not depend on x: with the same generator state, answer(x + d) - answer(x) is the
+    # noiseless reconstruction B A d (W d up to the support tolerance rel_support ||W||_F ||d|| for a
+    # least-squares B). Rounding: an entry of B y (y = A x + z) errs by at most about (n + r) u ||B||_inf
+    # ||y||_inf, and ||z||_inf <= 50 noise scales (a Laplace or Gaussian draw beyond that has
+    # probability < e^-50); a factor 4 covers the two answers and the product B A d.
+    A = _dense(st.A)
+    B = _dense(st.reconstruct(w)) if st.B is None else _dense(st.B)
+    d = np.random.default_rng(seed + 1).integers(-5, 6, size=w.n).astype(float)
+    diff = mech.answer(x + d, np.random.default_rng(seed)) - mech.answer(x, np.random.default_rng(seed))
+    Wd = np.asarray(w.sparse() @ d).ravel()
+    BAd = Wd if st.B is None else B @ (A @ d)
+    sens = np.abs(A).sum(axis=0).max() if mech.privacy_.is_pure else np.sqrt((A**2).sum(axis=0).max())
+    noise_max = 50 * sens * np.sqrt(variance_per_unit_sensitivity(mech.privacy_))
+    y_max = np.abs(A).sum(axis=1).max() * np.abs(x + d).max() + noise_max
+    rounding = 4 * (w.n + A.shape[0]) * np.finfo(float).eps * np.abs(B).sum(axis=1).max() * y_max
+    support = rel_support * np.linalg.norm(_dense(w.matrix())) * np.linalg.norm(d) if st.B is None else 0.0
+    np.testing.assert_allclose(diff, BAd, rtol=0, atol=rounding + support)
+    # bias of a relaxed strategy, written out: ||(W - B A) x||^2
+    bias = 0.0 if st.B is None else float(np.sum((np.asarray(w.sparse() @ x).ravel() - B @ (A @ x)) ** 2))
+    expected = dense + bias
     mean, se = monte_carlo_total(mech, x, MC_TRIALS, seed)
     assert abs(mean - expected) <= MC_SIGMAS * se, (mech.short_name, mean, expected, se)
     assert mech.expected_error_.total >= mech.bound_ * (1 - 1e-9), (mech.short_name, mech.bound_)
