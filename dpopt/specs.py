@@ -6,6 +6,7 @@ commas). Random families take `seed=S` (default 0) so the same spec always means
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -37,6 +38,8 @@ workload specs:
   kron:SPEC,SPEC,...  (Kronecker product, e.g. kron:allrange:64,allrange:32)
   npy:PATH (a dense W saved with numpy.save)  gram-npy:PATH (a saved W^T W)
   marginals:NAME:K  marginals:PATH.json:K (all K-way marginals over a domain file, e.g. marginals:adult:2)
+  N, M, K and sizes are positive integers; marginals need 1 <= K <= number of attributes, width K <= N,
+  wrelated s <= min(M, N), wtau tau in [0, 1], seed >= 0; trailing or unknown parts are refused.
   Kronecker products and marginals too large for a dense W^T W are handled implicitly (mechanism hdmm)."""
 
 
@@ -44,14 +47,55 @@ class SpecError(ValueError):
     """A workload spec that cannot be parsed."""
 
 
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+
+
 def _int(s: str, what: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise SpecError(f"{what} must be an integer, got {s!r}") from None
+    """A positive integer written in decimal digits (no sign, fraction, exponent or underscores)."""
+    text = s.strip()
+    if not _INTEGER.fullmatch(text):
+        raise SpecError(f"{what} must be a positive integer, got {s!r}")
+    v = int(text)
     if v < 1:
         raise SpecError(f"{what} must be positive, got {v}")
     return v
+
+
+def _seed(s: str) -> int:
+    """A seed: a non-negative integer."""
+    text = s.strip()
+    if not _INTEGER.fullmatch(text) or int(text) < 0:
+        raise SpecError(f"seed must be a non-negative integer, got {s!r}")
+    return int(text)
+
+
+def _fraction(s: str, what: str) -> float:
+    """A real number in [0, 1]."""
+    try:
+        v = float(s)
+    except ValueError:
+        raise SpecError(f"{what} must be a number in [0, 1], got {s!r}") from None
+    if not 0.0 <= v <= 1.0:
+        raise SpecError(f"{what} must lie in [0, 1], got {s!r}")
+    return v
+
+
+def marginal_order(text: str, n_attributes: int, spec: str) -> int:
+    """K of a K-way marginals spec: an integer in 1..number of attributes."""
+    t = text.strip()
+    if not _INTEGER.fullmatch(t):
+        raise SpecError(f"marginal order K must be an integer in 1..{n_attributes} in spec {spec!r}, got {text!r}")
+    k = int(t)
+    if not 1 <= k <= n_attributes:
+        raise SpecError(
+            f"marginal order K must lie in 1..{n_attributes} (the number of attributes) in spec {spec!r}, got {k}"
+        )
+    return k
+
+
+def marginal_sizes(text: str, spec: str) -> list[int]:
+    """N1xN2x...: the attribute sizes of a marginals spec, each a positive integer."""
+    return [_int(part, f"attribute size in spec {spec!r}") for part in text.lower().split("x")]
 
 
 def _dims(s: str) -> tuple[int, int]:
@@ -61,19 +105,28 @@ def _dims(s: str) -> tuple[int, int]:
     return _int(parts[0], "M"), _int(parts[1], "N")
 
 
-def _options(items: list[str]) -> dict[str, str]:
-    out = {}
+def _options(items: list[str], allowed: tuple[str, ...], name: str) -> dict[str, str]:
+    """KEY=VALUE items, each key one of `allowed` and given once."""
+    out: dict[str, str] = {}
     for item in items:
         if "=" not in item:
-            raise SpecError(f"expected KEY=VALUE, got {item!r}")
-        k, v = item.split("=", 1)
-        out[k.strip()] = v.strip()
+            raise SpecError(f"{name}: expected KEY=VALUE with KEY one of {', '.join(allowed)}, got {item!r}")
+        k, v = (t.strip() for t in item.split("=", 1))
+        if k not in allowed:
+            raise SpecError(f"{name}: unknown option {k!r}; expected one of {', '.join(allowed)}")
+        if k in out:
+            raise SpecError(f"{name}: option {k!r} given twice")
+        out[k] = v
     return out
 
 
 def _need(args: list[str], k: int, name: str, usage: str) -> None:
+    """Refuse fewer or more than k colon-separated arguments."""
     if len(args) < k:
         raise SpecError(f"{name} needs arguments: {usage}")
+    if len(args) > k:
+        extra = ":".join(args[k:])
+        raise SpecError(f"{name} takes {k} argument(s), got trailing {extra!r}; expected {usage}")
 
 
 def _load_npy(path: str, what: str) -> np.ndarray:
@@ -89,6 +142,34 @@ def _load_npy(path: str, what: str) -> np.ndarray:
 def _simple(args: list[str], name: str, make: Callable[[int], Workload]) -> Workload:
     _need(args, 1, name, f"{name}:N")
     return make(_int(args[0], "N"))
+
+
+def _random_family(name: str, args: list[str]) -> Workload:
+    """wrange / wdiscrete / wrelated / wtau: MxN then KEY=VALUE options."""
+    if not args:
+        raise SpecError(f"{name} needs arguments: {name}:MxN[:key=value...]")
+    m, n = _dims(args[0])
+    allowed = {"wrange": ("seed",), "wdiscrete": ("seed", "off"), "wrelated": ("s", "seed"),
+               "wtau": ("tau", "seed")}[name]
+    opts = _options(args[1:], allowed, name)
+    seed = _seed(opts.get("seed", "0"))
+    if name == "wrange":
+        return WRange(m, n, seed=seed)
+    if name == "wdiscrete":
+        off = opts.get("off", "-1")
+        if off.lstrip("-") not in ("0", "1", "0.0", "1.0") or off in ("1", "1.0", "-0", "-0.0"):
+            raise SpecError(f"wdiscrete: off must be -1 or 0, got {off!r}")
+        return WDiscrete(m, n, seed=seed, off_value=float(off))
+    if name == "wrelated":
+        if "s" not in opts:
+            raise SpecError("wrelated needs s=RANK, e.g. wrelated:64x128:s=13")
+        rank = _int(opts["s"], "s")
+        if rank > min(m, n):
+            raise SpecError(f"wrelated: s (the rank) must be at most min(M, N) = {min(m, n)}, got {rank}")
+        return WRelated(m, n, rank, seed=seed)
+    if "tau" not in opts:
+        raise SpecError("wtau needs tau=T, e.g. wtau:32x128:tau=0.4")
+    return WTau(m, n, _fraction(opts["tau"], "tau"), seed=seed)
 
 
 def parse_workload(spec: str) -> Workload:
@@ -107,7 +188,9 @@ def parse_workload(spec: str) -> Workload:
         if implicit is not None:
             return implicit
     if name == "kron":
-        factors = [f for f in rest.split(",") if f]
+        factors = rest.split(",")
+        if any(not f.strip() for f in factors):
+            raise SpecError(f"kron: empty factor spec in {spec!r}; expected kron:SPEC,SPEC,...")
         if len(factors) < 2:
             raise SpecError("kron needs at least two comma-separated factor specs")
         return Kron([parse_workload(f) for f in factors])
@@ -118,43 +201,22 @@ def parse_workload(spec: str) -> Workload:
         return ExplicitWorkload(M, name=Path(rest).stem) if name == "npy" else GramWorkload(M, Path(rest).stem)
     args = rest.split(":") if rest else []
     try:
-        if name == "identity":
-            return _simple(args, name, Identity)
-        if name == "total":
-            return _simple(args, name, Total)
-        if name == "prefix":
-            return _simple(args, name, Prefix)
-        if name == "allrange":
-            return _simple(args, name, AllRange)
-        if name == "allpredicate":
-            return _simple(args, name, AllPredicate)
+        if name in ("identity", "total", "prefix", "allrange", "allpredicate"):
+            make = {"identity": Identity, "total": Total, "prefix": Prefix, "allrange": AllRange,
+                    "allpredicate": AllPredicate}[name]
+            return _simple(args, name, make)
         if name == "width":
             _need(args, 2, name, "width:N:K")
-            return WidthK(_int(args[0], "N"), _int(args[1], "K"))
+            n, k = _int(args[0], "N"), _int(args[1], "K")
+            if k > n:
+                raise SpecError(f"width:N:K needs K <= N, got N={n}, K={k}")
+            return WidthK(n, k)
         if name in ("wrange", "wdiscrete", "wrelated", "wtau"):
-            _need(args, 1, name, f"{name}:MxN[:key=value...]")
-            m, n = _dims(args[0])
-            opts = _options(args[1:])
-            seed = int(opts.pop("seed", "0"))
-            if name == "wrange":
-                w: Workload = WRange(m, n, seed=seed)
-            elif name == "wdiscrete":
-                w = WDiscrete(m, n, seed=seed, off_value=float(opts.pop("off", "-1")))
-            elif name == "wrelated":
-                if "s" not in opts:
-                    raise SpecError("wrelated needs s=RANK, e.g. wrelated:64x128:s=13")
-                w = WRelated(m, n, _int(opts.pop("s"), "s"), seed=seed)
-            else:
-                if "tau" not in opts:
-                    raise SpecError("wtau needs tau=T, e.g. wtau:32x128:tau=0.4")
-                w = WTau(m, n, float(opts.pop("tau")), seed=seed)
-            if opts:
-                raise SpecError(f"unknown options for {name}: {', '.join(opts)}")
-            return w
+            return _random_family(name, args)
         if name == "marginals":
             _need(args, 2, name, "marginals:N1xN2x...:K")
-            sizes = [_int(s, "attribute size") for s in args[0].lower().split("x")]
-            return Marginals(sizes, k=int(args[1]))
+            sizes = marginal_sizes(args[0], spec)
+            return Marginals(sizes, k=marginal_order(args[1], len(sizes), spec))
     except SpecError:
         raise
     except ValueError as exc:

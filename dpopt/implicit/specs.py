@@ -11,11 +11,12 @@
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 from dpopt.implicit.adult import DEFAULT_DATA_DIR, load_domain
 from dpopt.implicit.workloads import ImplicitWorkload, KronWorkload, MarginalsWorkload
-from dpopt.specs import SpecError, parse_workload
+from dpopt.specs import SpecError, marginal_order, marginal_sizes, parse_workload
 from dpopt.workloads import MAX_DENSE_ENTRIES
 
 IMPLICIT_SPEC_HELP = """\
@@ -26,18 +27,12 @@ implicit workload specs (never materialise W or W^T W):
   marginals:N1xN2x...:K   all K-way marginals over the given sizes (implicit when too large)"""
 
 
+# N1xN2x... written with numbers of any form (2.5, -3, 1e3): marginal_sizes then says what is wrong with them
+_SIZES = re.compile(r"(?=.*[0-9])\s*[-+0-9.eE_]+(\s*[xX]\s*[-+0-9.eE_]+)*\s*")
+
+
 def _too_large(n: int) -> bool:
     return n * n > MAX_DENSE_ENTRIES
-
-
-def _k(text: str, spec: str) -> int:
-    try:
-        k = int(text)
-    except ValueError:
-        raise SpecError(f"marginal order K must be an integer in spec {spec!r}, got {text!r}") from None
-    if k < 0:
-        raise SpecError(f"marginal order K must be >= 0 in spec {spec!r}")
-    return k
 
 
 def parse_implicit_spec(
@@ -50,9 +45,9 @@ def parse_implicit_spec(
     family, _, rest = spec.partition(":")
     family = family.lower()
     if family == "kron":
-        parts = [p for p in rest.split(",") if p]
-        if len(parts) < 1:
-            raise SpecError("kron needs comma-separated factor specs, e.g. kron:allrange:64,allrange:32")
+        parts = rest.split(",")
+        if len(parts) < 2 or any(not p.strip() for p in parts):
+            raise SpecError(f"kron needs two or more comma-separated factor specs, e.g. kron:allrange:64,allrange:32; got {spec!r}")
         factors = [parse_workload(p) for p in parts]
         n = math.prod(f.n for f in factors)
         if force or _too_large(n):
@@ -62,13 +57,16 @@ def parse_implicit_spec(
         where, sep, ktext = rest.rpartition(":")
         if not sep or not where:
             raise SpecError(f"marginals needs NAME:K, PATH.json:K or N1xN2x...:K, got {spec!r}")
-        k = _k(ktext, spec)
+        if ":" in where and not where.lower().endswith(".json"):
+            raise SpecError(f"marginals takes NAME:K, PATH.json:K or N1xN2x...:K; got trailing parts in {spec!r}")
         try:
             if where.lower().endswith(".json"):
                 names, sizes = load_domain(where)
+                k = marginal_order(ktext, len(sizes), spec)
                 return MarginalsWorkload(sizes, k=k, attribute_names=names, name=f"marginals({k}-way over {Path(where).stem})")
-            if all(part.isdigit() for part in where.lower().split("x")):
-                sizes = [int(s) for s in where.lower().split("x")]
+            if _SIZES.fullmatch(where):
+                sizes = marginal_sizes(where, spec)
+                k = marginal_order(ktext, len(sizes), spec)
                 if force or _too_large(math.prod(sizes)):
                     return MarginalsWorkload(sizes, k=k)
                 return None
@@ -76,6 +74,7 @@ def parse_implicit_spec(
             if not path.is_file():
                 raise SpecError(f"no domain file for {where!r}: expected {path}")
             names, sizes = load_domain(path)
+            k = marginal_order(ktext, len(sizes), spec)
             return MarginalsWorkload(sizes, k=k, attribute_names=names, name=f"marginals({k}-way over {where})")
         except SpecError:
             raise
