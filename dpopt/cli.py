@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from collections.abc import Sequence
 
 from dpopt.specs import SPEC_HELP, SpecError, parse_workload
@@ -24,6 +25,11 @@ def _add_privacy(p: argparse.ArgumentParser) -> None:
                    help="Gaussian calibration: the seeds' classic sigma (default) or the analytic Gaussian")
 
 
+def _paragraphs(text: str) -> str:
+    """Text wrapped to 100 columns, blank-line separated paragraphs kept (the help keeps raw line breaks)."""
+    return "\n\n".join(textwrap.fill(par, 100) for par in text.split("\n\n"))
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser (subcommands register themselves here)."""
     from dpopt.mechanisms.registry import MECHANISMS
@@ -37,9 +43,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "compare",
         help="fit every applicable mechanism on a workload and tabulate errors against the lower bound",
-        description="Fit mechanisms on a workload and print expected errors, RMSE and the ratio to the lower "
+        description=_paragraphs("Fit mechanisms on a workload and print expected errors, RMSE and the ratio to the lower "
         "bound (P * SVD bound), sorted by error. JSON records carry: mechanism, expected_total_error, rmse, "
-        "bound, ratio_to_bound, fit_seconds, solver, status (and more).",
+        "bound, ratio_to_bound, fit_seconds, solver, status (and more); json and csv print every number to "
+        "full double precision (it reads back to the same float).\n\n"
+        "The classic Gaussian calibration sigma = sens2 sqrt(2 ln(2/delta))/eps is not (eps, delta)-DP at "
+        "large eps (from about eps = 10 at delta = 1e-6): when the exact delta it achieves (Balle and Wang "
+        "2018) exceeds --delta, compare still prints its numbers but warns on stderr and starts every row's "
+        "status with 'classic-calibration-invalid: achieves delta=... > requested ...'; use --calibration "
+        "analytic for a valid sigma. epsilon so small or large that P(eps, delta) overflows or underflows "
+        "float64 is refused."),
         epilog=SPEC_HELP + "\n\nmechanisms: " + ", ".join(MECHANISMS),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -47,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_privacy(p)
     p.add_argument("--mechanisms", "-m", default=None, help="comma-separated short names (default: all available)")
     p.add_argument("--format", "-f", choices=["table", "markdown", "csv", "json"], default="table")
-    p.add_argument("--plot", default=None, help="also draw the comparison as a bar chart to this PNG file")
+    p.add_argument("--plot", default=None,
+                   help="also draw the comparison as a bar chart to this PNG file (its folder must exist)")
 
     from dpopt.release_cli import add_answer_parser
 

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import sys
 from collections.abc import Sequence
-from typing import TextIO
+from pathlib import Path
+from typing import Any, TextIO
 
+import numpy as np
 import pandas as pd
 
 from dpopt.mechanisms.base import MechanismError
@@ -29,13 +33,53 @@ COLUMNS = [
 ]
 
 
+# Relative slack on the delta check: the Balle-Wang delta is computed to about 1e-12 relative.
+DELTA_RTOL = 1e-9
+
+
+def check_privacy_range(privacy: Privacy) -> float:
+    """P(eps, delta), refused unless it is a positive normal float64 (2/eps^2 or the Gaussian sigma^2)."""
+    try:
+        factor = privacy.variance_factor
+    except (OverflowError, ZeroDivisionError, ValueError):
+        factor = math.inf if privacy.epsilon < 1 else 0.0
+    if not math.isfinite(factor):
+        raise ValueError(
+            f"epsilon={privacy.epsilon!r} is too small: the noise variance factor P(eps, delta) overflows "
+            "float64; expected epsilon of about 1e-150 or more"
+        )
+    if factor < sys.float_info.min:
+        raise ValueError(
+            f"epsilon={privacy.epsilon!r} is too large: the noise variance factor P(eps, delta) = {factor!r} "
+            "underflows float64; expected epsilon of about 1e150 or less"
+        )
+    return factor
+
+
+def calibration_problem(privacy: Privacy) -> str | None:
+    """Why the classic Gaussian sigma is not (eps, delta)-DP here (Balle-Wang delta > requested), or None."""
+    if privacy.is_pure or privacy.calibration != "classic":
+        return None
+    achieved = privacy.achieved_delta()
+    if achieved <= privacy.delta * (1 + DELTA_RTOL):
+        return None
+    return (
+        f"classic-calibration-invalid: achieves delta={achieved!r} > requested {privacy.delta!r} "
+        f"at eps={privacy.epsilon!r} (use --calibration analytic)"
+    )
+
+
 def compare(
     workload: Workload,
     privacy: Privacy,
     mechanisms: Sequence[str] | None = None,
     progress: TextIO | None = None,
 ) -> pd.DataFrame:
-    """One row per mechanism, sorted by expected total error; a mechanism that cannot run gets status 'skipped: why'."""
+    """One row per mechanism, sorted by expected total error; a mechanism that cannot run gets status 'skipped: why'.
+
+    Under the classic Gaussian calibration at an eps where it is not (eps, delta)-DP, every row keeps its
+    numbers and its status starts with 'classic-calibration-invalid: achieves delta=... > requested ...'.
+    """
     names = list(mechanisms) if mechanisms else available_mechanisms()
     unknown = [n for n in names if n not in MECHANISMS]
     if unknown:
@@ -57,6 +101,10 @@ def compare(
                     "status": f"skipped: {exc}",
                 }
             )
+    problem = calibration_problem(privacy)
+    if problem is not None:
+        for row in rows:
+            row["status"] = f"{problem}; solver status: {row.get('status')}"
     df = pd.DataFrame(rows)
     for col in COLUMNS:
         if col not in df:
@@ -67,7 +115,7 @@ def compare(
 def format_table(df: pd.DataFrame, fmt: str) -> str:
     """Render a comparison as 'table' (aligned text), 'markdown', 'csv' or 'json' (list of records)."""
     if fmt == "json":
-        return df.to_json(orient="records", indent=2)
+        return json.dumps([_json_record(r) for r in df.to_dict(orient="records")], indent=2)
     if fmt == "csv":
         return df.to_csv(index=False)
     view = df[COLUMNS].copy()
@@ -88,6 +136,37 @@ def format_table(df: pd.DataFrame, fmt: str) -> str:
     raise ValueError(f"unknown format {fmt!r}; expected table, markdown, csv or json")
 
 
+def _json_value(v: Any) -> Any:
+    """A JSON value with a float's full precision (repr round-trip); NaN and infinities become null."""
+    if isinstance(v, (bool, np.bool_)):
+        return bool(v)
+    if isinstance(v, (int, np.integer)):
+        return int(v)
+    if isinstance(v, (float, np.floating)):
+        return float(v) if math.isfinite(v) else None
+    if v is None or isinstance(v, str):
+        return v
+    return str(v)
+
+
+def _json_record(record: dict[str, Any]) -> dict[str, Any]:
+    """One comparison row as JSON-ready values."""
+    return {str(k): _json_value(v) for k, v in record.items()}
+
+
+def check_plot_path(path: str) -> None:
+    """Refuse a plot path whose folder is missing, not a folder or not writable, before any fitting."""
+    folder = Path(path).resolve().parent
+    if not folder.exists():
+        raise ValueError(f"cannot write plot {path}: folder {folder} does not exist")
+    if not folder.is_dir():
+        raise ValueError(f"cannot write plot {path}: {folder} is not a folder")
+    if not os.access(folder, os.W_OK):
+        raise ValueError(f"cannot write plot {path}: folder {folder} is not writable")
+    if Path(path).is_dir():
+        raise ValueError(f"cannot write plot {path}: it is a folder; expected a PNG file name")
+
+
 def plot_comparison(df: pd.DataFrame, path: str) -> None:
     """Bar chart of expected total error per mechanism (log scale) with the lower bound as a line."""
     import matplotlib
@@ -106,13 +185,23 @@ def plot_comparison(df: pd.DataFrame, path: str) -> None:
     ax.set_ylabel("expected total squared error")
     ax.set_title(str(df["workload"].iloc[0]) if "workload" in df else "")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        fig.savefig(path, dpi=120)
+    except OSError as exc:
+        raise ValueError(f"cannot write plot {path}: {exc.strerror or exc}") from None
+    finally:
+        plt.close(fig)
 
 
 def main_compare(workload: Workload, privacy: Privacy, mechanisms: Sequence[str] | None,
                  fmt: str, plot: str | None, out: TextIO | None = None) -> int:
     """Run a comparison and print it; returns the process exit status."""
+    check_privacy_range(privacy)
+    if plot:
+        check_plot_path(plot)
+    problem = calibration_problem(privacy)
+    if problem is not None:
+        print(f"dpopt: warning: {problem}; the numbers below use the classic sigma anyway", file=sys.stderr)
     df = compare(workload, privacy, mechanisms, progress=sys.stderr)
     print(format_table(df, fmt), file=out if out is not None else sys.stdout)
     if plot:

@@ -84,6 +84,12 @@ class Privacy:
             return math.sqrt(2.0 * math.log(2.0 / self.delta)) / self.epsilon
         return analytic_gaussian_sigma(self.epsilon, self.delta, 1.0)
 
+    def achieved_delta(self) -> float:
+        """delta the Gaussian sigma_factor actually gives at epsilon (Balle and Wang 2018, Thm. 8); 0 for Laplace."""
+        if self.is_pure:
+            return 0.0
+        return _analytic_delta(self.sigma_factor, self.epsilon, 1.0)
+
     def noise_scale(self, sensitivity: float) -> float:
         """Laplace scale b = sens1/eps, or Gaussian sigma = sens2 * sigma_factor."""
         if not math.isfinite(sensitivity) or sensitivity < 0:
