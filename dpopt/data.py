@@ -328,6 +328,32 @@ class NumericBins(Attribute):
         return hash((self.kind, self.name, tuple(self.edges.tolist()), self.other))
 
 
+def _first_difference(a: Sequence[Any], b: Sequence[Any]) -> str:
+    """Where two level lists first differ, e.g. "3 vs 4 levels" or "level 2: 'C' vs 'D'"."""
+    for i, (u, v) in enumerate(zip(a, b, strict=False)):
+        if u != v:
+            return f"level {i}: {u!r} vs {v!r}"
+    return f"{len(a)} vs {len(b)} levels"
+
+
+def _attribute_difference(a: Attribute, b: Attribute) -> str:
+    """One attribute's difference between two domains, e.g. "'age': low 0 vs 1, high 73 vs 74"."""
+    da, db = a.describe(), b.describe()
+    if da["kind"] != db["kind"]:
+        return f"attribute {a.name!r}: kind {da['kind']} vs {db['kind']}"
+    diffs = []
+    for key in da:
+        if da[key] == db.get(key):
+            continue
+        if key == "levels":
+            diffs.append(f"levels ({_first_difference(da[key], db[key])})")
+        elif key == "edges":
+            diffs.append(f"bin edges {_show_levels(da[key])} vs {_show_levels(db[key])}")
+        else:
+            diffs.append(f"{key} {da[key]!r} vs {db[key]!r}")
+    return f"attribute {a.name!r}: {', '.join(diffs)}"
+
+
 def _fmt_num(v: float) -> str:
     return str(int(v)) if math.isfinite(v) and float(v).is_integer() else repr(float(v))
 
@@ -472,6 +498,21 @@ class Domain:
         """JSON-friendly description of every attribute, in order."""
         return {a.name: a.describe() for a in self.attributes}
 
+    def difference(self, other: Domain) -> str:
+        """What differs from ``other`` (attributes, their order, levels, bins), "" if equal."""
+        if not isinstance(other, Domain):
+            raise ValueError(f"can only compare with a Domain, got {type(other).__name__}")
+        mine, theirs = list(self.names), list(other.names)
+        if set(mine) != set(theirs):
+            only_a = [n for n in mine if n not in theirs]
+            only_b = [n for n in theirs if n not in mine]
+            return f"attributes: {only_a} only in the first, {only_b} only in the second"
+        if mine != theirs:
+            return f"attribute order: ({', '.join(mine)}) vs ({', '.join(theirs)})"
+        parts = [_attribute_difference(a, b)
+                 for a, b in zip(self.attributes, other.attributes, strict=True) if a != b]
+        return "; ".join(parts)
+
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Domain) and self.attributes == other.attributes
 
@@ -549,6 +590,9 @@ def histogram(
             f"its columns are {list(map(str, df.columns))}"
         )
     n_rows = len(df)
+    if n_rows == 0:
+        raise ValueError("the data have no rows (a header only?); expected at least one record "
+                         "to count")
     codes = np.empty((len(domain), n_rows), dtype=np.int64)
     bad_row = np.zeros(n_rows, dtype=bool)
     invalid: dict[str, dict[str, int]] = {}
