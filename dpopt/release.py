@@ -10,6 +10,10 @@ mode is this module and nothing else:
   fine grid, so the floating-point attacks on naive samplers do not apply;
 - every release is charged to a ``PrivacyLedger`` *before* any noise is drawn; a release that would
   overspend raises ``BudgetExceededError``, charges nothing and releases nothing;
+- ``ledger_file(path)`` keeps the ledger in a JSON file shared by processes on one machine: an
+  exclusive lock (flock on ``path.lock``) is held from read to write, and each charge is written
+  atomically and fsynced before ``charge`` returns (write-ahead), so a crash at any instant can lose
+  budget but never leaves a release unrecorded; a corrupt or inconsistent file is refused;
 - if OpenDP cannot be imported, release mode refuses (``ReleaseUnavailableError``); it never falls
   back to numpy;
 - every row of the output says ``mode="release"``.
@@ -29,19 +33,32 @@ counts, but it is outside OpenDP's proof.
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import stat
+import tempfile
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Literal
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX
+    fcntl = None  # type: ignore[assignment]
 
 import numpy as np
 import pandas as pd
 import scipy.sparse as sp
 from scipy.special import log_ndtr
 
+from dpopt.data import Domain
 from dpopt.privacy import Privacy
-from dpopt.queries import check_domain
+from dpopt.queries import DomainMismatchError, check_domain
 from dpopt.validation import check_finite_vector
 
 __all__ = [
@@ -50,6 +67,11 @@ __all__ = [
     "BudgetExceededError",
     "Charge",
     "PrivacyLedger",
+    "FileLedger",
+    "ledger_file",
+    "read_ledger",
+    "LedgerFileError",
+    "LedgerCorruptError",
     "require_opendp",
     "secure_laplace",
     "secure_gaussian",
@@ -71,6 +93,14 @@ class ReleaseUnavailableError(RuntimeError):
 
 class BudgetExceededError(RuntimeError):
     """A release would overspend the ledger; nothing was released and nothing was charged."""
+
+
+class LedgerFileError(ValueError):
+    """A ledger file cannot be used (wrong path, locked too long, totals that differ from those given)."""
+
+
+class LedgerCorruptError(LedgerFileError):
+    """A stored ledger is unreadable or inconsistent; it is refused, never replaced by a fresh one."""
 
 
 # -- OpenDP samplers ------------------------------------------------------------------------------
@@ -166,13 +196,28 @@ def zcdp_budget(epsilon: float, delta: float) -> float:
 
 
 # -- ledger ---------------------------------------------------------------------------------------
+NOISE_KINDS = ("laplace", "gaussian")
+
+
+def _cost_number(value: Any, what: str, *, below_one: bool = False) -> float:
+    """A finite, non-negative number (and < 1 if below_one), or ValueError naming what was wrong."""
+    if isinstance(value, bool) or not isinstance(value, int | float | np.floating | np.integer):
+        raise ValueError(f"charge {what} must be a number, got {value!r}")
+    v = float(value)
+    if not math.isfinite(v) or v < 0 or (below_one and v >= 1):
+        expected = "a finite number in [0, 1)" if below_one else "a finite number >= 0"
+        raise ValueError(f"charge {what} must be {expected}, got {v}")
+    return v
+
+
 @dataclass(frozen=True)
 class Charge:
     """The privacy cost of one release.
 
     epsilon, delta: the (eps, delta)-DP guarantee of the release on its own; rho: its zCDP cost
     (Gaussian: sens2^2 / (2 sigma^2), Bun and Steinke Prop. 1.6; Laplace: eps^2 / 2, Prop. 1.4);
-    noise: "laplace" or "gaussian"; label: free text for the history.
+    noise: "laplace" or "gaussian"; label: free text for the history.  Costs must be finite and
+    non-negative (a negative cost would give budget back); ValueError otherwise.
     """
 
     epsilon: float
@@ -180,6 +225,16 @@ class Charge:
     rho: float
     noise: str
     label: str = ""
+
+    def __post_init__(self) -> None:
+        """Validates the costs, noise kind and label (costs stored as float)."""
+        object.__setattr__(self, "epsilon", _cost_number(self.epsilon, "epsilon"))
+        object.__setattr__(self, "delta", _cost_number(self.delta, "delta", below_one=True))
+        object.__setattr__(self, "rho", _cost_number(self.rho, "rho"))
+        if self.noise not in NOISE_KINDS:
+            raise ValueError(f"charge noise must be one of {NOISE_KINDS}, got {self.noise!r}")
+        if not isinstance(self.label, str):
+            raise ValueError(f"charge label must be a string, got {self.label!r}")
 
 
 class PrivacyLedger:
@@ -307,24 +362,273 @@ class PrivacyLedger:
             why = self._refusal(charge)
             if why is not None:
                 raise BudgetExceededError(f"privacy budget exceeded, nothing released: {why}")
+            self._commit([*self._history, charge])
             self._history.append(charge)
+
+    def _commit(self, history: list[Charge]) -> None:
+        """Makes ``history`` durable before it becomes the ledger's state (in memory: nothing to do)."""
+
+    def _state(self, history: Sequence[Charge]) -> dict[str, Any]:
+        """JSON-friendly state with the given history."""
+        return {"total_epsilon": self.total_epsilon, "total_delta": self.total_delta,
+                "accounting": self.accounting, "history": [asdict(c) for c in history]}
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly state (totals, accounting, history)."""
-        return {"total_epsilon": self.total_epsilon, "total_delta": self.total_delta,
-                "accounting": self.accounting, "history": [asdict(c) for c in self._history]}
+        return self._state(self._history)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> PrivacyLedger:
-        """Inverse of ``to_dict`` (replays the history without re-checking it)."""
-        led = cls(d["total_epsilon"], d.get("total_delta", 0.0), d.get("accounting", "basic"))
-        led._history = [Charge(**c) for c in d.get("history", [])]
+    def from_dict(cls, d: Any) -> PrivacyLedger:
+        """Inverse of ``to_dict``, replaying the history under the budget; LedgerCorruptError if
+        the state is malformed, has an invalid charge or overspends."""
+        if not isinstance(d, dict):
+            raise LedgerCorruptError(f"expected a JSON object with {sorted(_STATE_KEYS)}, got "
+                                     f"{type(d).__name__}")
+        if set(d) != _STATE_KEYS:
+            raise LedgerCorruptError(f"expected exactly the keys {sorted(_STATE_KEYS)}, got "
+                                     f"{sorted(map(str, d))}")
+        try:
+            led = PrivacyLedger(d["total_epsilon"], d["total_delta"], d["accounting"])
+        except ValueError as exc:
+            raise LedgerCorruptError(str(exc)) from None
+        for i, c in enumerate(_history_entries(d["history"])):
+            why = led._refusal(c)
+            if why is not None:
+                raise LedgerCorruptError(f"history entry {i} overspends the budget: {why}")
+            led._history.append(c)
         return led
 
     def __repr__(self) -> str:
         return (f"PrivacyLedger({self.accounting}: spent eps={self.spent_epsilon:.6g}, "
                 f"delta={self.spent_delta:.3g} of eps={self.total_epsilon:g}, "
                 f"delta={self.total_delta:g}; {len(self._history)} releases)")
+
+
+_STATE_KEYS = frozenset({"total_epsilon", "total_delta", "accounting", "history"})
+_CHARGE_KEYS = frozenset({"epsilon", "delta", "rho", "noise", "label"})
+
+
+def _history_entries(history: Any) -> list[Charge]:
+    """The Charges of a stored history; LedgerCorruptError naming the first bad entry."""
+    if not isinstance(history, list):
+        raise LedgerCorruptError(f"history must be a list of charges, got {type(history).__name__}")
+    out = []
+    for i, c in enumerate(history):
+        if not isinstance(c, dict) or set(c) != _CHARGE_KEYS:
+            raise LedgerCorruptError(f"history entry {i} must be an object with exactly the keys "
+                                     f"{sorted(_CHARGE_KEYS)}, got {c!r}")
+        try:
+            out.append(Charge(**c))
+        except ValueError as exc:
+            raise LedgerCorruptError(f"history entry {i}: {exc}") from None
+    return out
+
+
+# -- ledger file ----------------------------------------------------------------------------------
+# Test-only hook: when the environment names a step here, the process writes the step's name to the
+# file DPOPT_TEST_PAUSE_MARKER (if set) and sleeps, so a test can SIGKILL it at exactly that step.
+# Steps in order: before-lock, locked, loaded, temp-written, renamed, noise-drawn, answers-written.
+PAUSE_ENV = "DPOPT_TEST_PAUSE_AT"
+PAUSE_MARKER_ENV = "DPOPT_TEST_PAUSE_MARKER"
+LOCK_TIMEOUT = 120.0  # seconds to wait for another process's release to finish
+
+
+def _pause_point(step: str) -> None:
+    """Test-only: stop at ``step`` if DPOPT_TEST_PAUSE_AT names it (writes the marker, sleeps)."""
+    if os.environ.get(PAUSE_ENV) != step:
+        return
+    marker = os.environ.get(PAUSE_MARKER_ENV)
+    if marker:
+        Path(marker).write_text(step, encoding="utf-8")
+    time.sleep(600)
+
+
+def _fsync_dir(directory: Path) -> None:
+    """fsync a directory so a rename inside it survives a power loss."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_atomic(path: Path, state: dict[str, Any]) -> None:
+    """Replace ``path`` by ``state`` as JSON: temp file in the same directory, fsync, rename, fsync dir.
+
+    A reader (or a crash) sees the old version or the new one, never a partial file.
+    """
+    text = json.dumps(state, indent=2, allow_nan=False) + "\n"
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else 0o644
+            os.fchmod(fh.fileno(), mode)
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        _pause_point("temp-written")
+        os.replace(tmp, path)
+    except BaseException:
+        with suppress(OSError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(path.parent)
+    _pause_point("renamed")
+
+
+def _ledger_path(path: str | os.PathLike[str]) -> Path:
+    """The ledger file path, refused if it is a directory or its directory does not exist."""
+    target = Path(path)
+    if target.is_dir():
+        raise LedgerFileError(f"ledger path {os.fspath(path)!r} is a directory; expected the path "
+                              "of a JSON ledger file (created if absent)")
+    if not target.parent.is_dir():
+        raise LedgerFileError(f"ledger path {os.fspath(path)!r}: directory {str(target.parent)!r} "
+                              "does not exist")
+    if target.exists() and not target.is_file():
+        raise LedgerFileError(f"ledger path {os.fspath(path)!r} is not a regular file")
+    return target
+
+
+def _check_expected(led: PrivacyLedger, expect: Mapping[str, Any] | None, path: Path) -> None:
+    """Refuse a stored ledger whose totals or accounting differ from values the caller gave."""
+    for key, given in (expect or {}).items():
+        if key not in ("total_epsilon", "total_delta", "accounting"):
+            raise ValueError(f"expect may name total_epsilon, total_delta or accounting, got {key!r}")
+        stored = getattr(led, key)
+        if given is not None and given != stored:
+            raise LedgerFileError(
+                f"ledger file {str(path)!r} has {key}={stored!r} but {given!r} was given; an "
+                "existing ledger's totals and accounting cannot change (start a new ledger file "
+                "for a new budget)"
+            )
+
+
+def read_ledger(
+    path: str | os.PathLike[str], expect: Mapping[str, Any] | None = None
+) -> PrivacyLedger | None:
+    """The validated ledger stored at ``path`` (None if absent), read without locking.
+
+    Writes are atomic renames, so a read sees one whole version.  LedgerCorruptError if the file is
+    not a complete, consistent ledger; LedgerFileError if ``expect`` ({"total_epsilon": ...,
+    "total_delta": ..., "accounting": ...}, None values ignored) differs from what is stored.
+    """
+    target = _ledger_path(path)
+    try:
+        text = target.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    try:
+        state = json.loads(text, parse_constant=_reject_constant)
+    except ValueError as exc:
+        raise LedgerCorruptError(f"ledger file {str(target)!r} is corrupt (not complete JSON: "
+                                 f"{exc}); refusing to start a fresh ledger over it") from None
+    try:
+        led = PrivacyLedger.from_dict(state)
+    except LedgerCorruptError as exc:
+        raise LedgerCorruptError(f"ledger file {str(target)!r} is corrupt: {exc}; refusing to use "
+                                 "it or to start a fresh ledger over it") from None
+    _check_expected(led, expect, target)
+    return led
+
+
+def _reject_constant(name: str) -> float:
+    """json parse_constant hook: NaN and Infinity are not valid ledger numbers."""
+    raise ValueError(f"non-finite number {name}")
+
+
+class FileLedger(PrivacyLedger):
+    """A PrivacyLedger kept in a JSON file; obtained from ``ledger_file``, usable inside its block.
+
+    ``charge`` writes the new history to the file atomically and durably (write-ahead) before it
+    returns, so a release draws noise only after its cost is on disk.  Outside the ``with`` block
+    (the file lock released) it refuses to charge.
+    """
+
+    def __init__(self, path: Path, ledger: PrivacyLedger) -> None:
+        super().__init__(ledger.total_epsilon, ledger.total_delta, ledger.accounting)
+        self.path = path
+        self._history = ledger.history
+        self._open = False
+
+    def _commit(self, history: list[Charge]) -> None:
+        """Write ``history`` to the ledger file (atomic, fsynced) while the lock is held."""
+        if not self._open:
+            raise LedgerFileError(f"ledger file {str(self.path)!r} is not locked; charge inside "
+                                  "'with ledger_file(path) as ledger:'")
+        _write_atomic(self.path, self._state(history))
+
+    def __repr__(self) -> str:
+        return f"File{super().__repr__()[:-1]}; {str(self.path)!r})"
+
+
+def _remove_stale_temps(target: Path) -> None:
+    """Delete temp files a crashed writer left beside the ledger (call only with the lock held)."""
+    for tmp in target.parent.glob(f".{target.name}.*.tmp"):
+        with suppress(OSError):
+            tmp.unlink()
+
+
+@contextmanager
+def _exclusive_lock(target: Path, timeout: float) -> Iterator[None]:
+    """Hold flock(LOCK_EX) on the sidecar file ``target.lock`` (never renamed, so the lock holds)."""
+    if fcntl is None:  # pragma: no cover
+        raise LedgerFileError("ledger files need POSIX file locks (fcntl), unavailable here")
+    fd = os.open(target.with_name(target.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise LedgerFileError(
+                        f"ledger file {str(target)!r} stayed locked by another process for "
+                        f"{timeout:g} s; try again when that release has finished") from None
+                time.sleep(0.01)
+        try:
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def ledger_file(
+    path: str | os.PathLike[str],
+    *,
+    create: tuple[float, float, Literal["basic", "zcdp"]] | None = None,
+    expect: Mapping[str, Any] | None = None,
+    timeout: float = LOCK_TIMEOUT,
+) -> Iterator[FileLedger]:
+    """Exclusive access to the ledger stored at ``path``: lock, load, yield a FileLedger.
+
+    The lock (flock on ``path + ".lock"``) is held for the whole block, so concurrent processes on
+    one machine charge one after the other; each charge is on disk before ``charge`` returns.
+    create: (total_epsilon, total_delta, accounting) of a new ledger if the file is absent (None:
+    an absent file is an error).  expect: totals the stored ledger must have (see read_ledger).
+    A corrupt file raises LedgerCorruptError; it is never replaced by a fresh ledger.
+    """
+    target = _ledger_path(path)
+    _pause_point("before-lock")
+    with _exclusive_lock(target, timeout):
+        _pause_point("locked")
+        _remove_stale_temps(target)
+        led = read_ledger(target, expect)
+        if led is None:
+            if create is None:
+                raise LedgerFileError(f"ledger file {str(target)!r} not found")
+            led = PrivacyLedger(*create)
+            _check_expected(led, expect, target)
+        fled = FileLedger(target, led)
+        _pause_point("loaded")
+        fled._open = True
+        try:
+            yield fled
+        finally:
+            fled._open = False
 
 
 # -- release --------------------------------------------------------------------------------------
@@ -366,6 +670,28 @@ def _noise_plan(strategy: Any, privacy: Privacy) -> tuple[str, float, float, Cha
     return "gaussian", sens, sigma, Charge(eps, delta, rho, "gaussian"), meas
 
 
+def _check_release_domain(workload: Any, domain: Any | None) -> None:
+    """Refuse a domain-bound workload without ``domain=``, or one bound to another Domain."""
+    bound = getattr(workload, "domain", None)
+    if domain is None:
+        if isinstance(bound, Domain):
+            raise DomainMismatchError(
+                f"workload {workload.name!r} is bound to {bound!r}; pass domain= the Domain the data "
+                "vector x was built over (histogram's report.domain) so release can check they "
+                "are the same"
+            )
+        return
+    if not isinstance(domain, Domain):
+        raise ValueError(f"domain must be a dpopt.data.Domain, got {type(domain).__name__}")
+    if isinstance(bound, Domain) and bound != domain:
+        raise DomainMismatchError(
+            f"workload {workload.name!r} is over {bound!r} but the data are over {domain!r}; they "
+            f"differ in {bound.difference(domain)}; build the workload and the histogram from the "
+            "same Domain"
+        )
+    check_domain(workload, domain)
+
+
 def _dense_rows_sq(B: Any) -> np.ndarray:
     if sp.issparse(B):
         return np.asarray(B.multiply(B).sum(axis=1)).ravel()
@@ -386,9 +712,11 @@ def release(
 
     mechanism_fitted: a fitted mechanism exposing ``strategy_`` (Strategy with A and B or
     least-squares reconstruction), ``privacy_`` (Privacy) and ``workload_`` (Workload, m x n).
-    x: data vector (n,).  ledger: charged before any noise is drawn.  labels: m query labels
-    (default the workload's row labels).  domain: the Domain x was built over; if given, the
-    workload must be bound to the same one.
+    x: data vector (n,).  ledger: charged before any noise is drawn (a FileLedger from
+    ``ledger_file`` has the charge on disk by then).  labels: m query labels (default the
+    workload's row labels).  domain: the Domain x was built over (``histogram``'s report.domain);
+    required when the workload is bound to a Domain, which must then be the same one: x alone
+    cannot show which domain it came from, so release refuses to guess.
 
     Returns a DataFrame with one row per query: query, answer, std (standard deviation of that
     answer's noise), noise ("laplace"/"gaussian"), noise_scale (Laplace b = sens1/eps or Gaussian
@@ -405,8 +733,7 @@ def release(
     workload = mechanism_fitted.workload_
     if hasattr(mechanism_fitted, "release_view"):  # factored strategies: their dense form
         strategy, workload = mechanism_fitted.release_view()
-    if domain is not None:
-        check_domain(workload, domain)
+    _check_release_domain(workload, domain)
     m, n = workload.shape
     x = check_finite_vector(x, "data vector x", n)
     if labels is None:
@@ -425,6 +752,7 @@ def release(
     ledger.charge(cost)  # raises BudgetExceededError before any noise is drawn
 
     y = np.asarray(meas(_values(Ax)), dtype=float)
+    _pause_point("noise-drawn")
     answers = np.asarray(B @ y, dtype=float).ravel()
     std_one = scale * math.sqrt(2.0) if noise == "laplace" else scale
     std = std_one * np.sqrt(_dense_rows_sq(B))

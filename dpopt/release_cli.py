@@ -9,9 +9,7 @@ through OpenDP charged to a privacy ledger -> CSV of labelled answers.
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -78,6 +76,8 @@ noise_scale (per measurement: b = sens1/eps or sigma), mode (=release), mechanis
 privacy: --delta 0 (default) gives eps-DP with Laplace noise; --delta > 0 gives (eps, delta)-DP with
 Gaussian noise.  --ledger FILE keeps the budget across runs: created with --budget-epsilon/
 --budget-delta (default: this release's eps, delta), charged on every release, never overspent.
+Concurrent runs on one machine take turns (lock file FILE.lock); each charge is written to FILE
+before any noise is drawn; a corrupt or inconsistent FILE is refused, never replaced.
 
 exit status: {EXIT_OK} answers written; {EXIT_BAD_INPUT} bad input (one-line reason on stderr);
 {EXIT_BUDGET} privacy budget exceeded (nothing released); {EXIT_UNAVAILABLE} OpenDP unavailable.
@@ -251,8 +251,9 @@ def add_answer_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="total epsilon of a new ledger (default: --epsilon)")
     p.add_argument("--budget-delta", type=float, metavar="D",
                    help="total delta of a new ledger (default: --delta)")
-    p.add_argument("--accounting", choices=("basic", "zcdp"), default="basic",
-                   help="composition rule of a new ledger (default: basic)")
+    p.add_argument("--accounting", choices=("basic", "zcdp"), default=None,
+                   help="composition rule of a new ledger (default: basic); an existing ledger "
+                        "keeps its own")
     p.add_argument("--quiet", action="store_true", help="no progress messages on stderr")
     p.set_defaults(func=answer_command)
     return p
@@ -281,31 +282,53 @@ def _load_table(args: argparse.Namespace) -> tuple[pd.DataFrame, Domain]:
     return df, dom
 
 
-def _ledger(args: argparse.Namespace) -> Any:
-    from dpopt.release import PrivacyLedger
+def _ledger_expect(args: argparse.Namespace) -> dict[str, Any]:
+    """Totals and accounting the user gave explicitly (None where not given)."""
+    return {"total_epsilon": args.budget_epsilon, "total_delta": args.budget_delta,
+            "accounting": args.accounting}
 
+
+def _ledger_create(args: argparse.Namespace) -> tuple[float, float, Any]:
+    """(total_epsilon, total_delta, accounting) of a ledger started by this run."""
     eps = args.budget_epsilon if args.budget_epsilon is not None else args.epsilon
     delta = args.budget_delta if args.budget_delta is not None else args.delta
-    if args.ledger and Path(args.ledger).is_file():
-        try:
-            with open(args.ledger, encoding="utf-8") as fh:
-                led = PrivacyLedger.from_dict(json.load(fh))
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise CliError(f"ledger file {args.ledger!r} is unreadable: {exc}") from None
-        for given, stored, what in ((args.budget_epsilon, led.total_epsilon, "epsilon"),
-                                    (args.budget_delta, led.total_delta, "delta")):
-            if given is not None and given != stored:
-                raise CliError(f"ledger {args.ledger!r} already has total {what} {stored:g}; "
-                               f"--budget-{what} {given:g} cannot change it")
-        return led
-    return PrivacyLedger(eps, delta, accounting=args.accounting)
+    return eps, delta, args.accounting or "basic"
 
 
-def _save_ledger(path: str, ledger: Any) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(ledger.to_dict(), fh, indent=2)
-    os.replace(tmp, path)
+def _check_ledger_early(args: argparse.Namespace) -> None:
+    """Refuse a bad --ledger (directory, corrupt, other totals) before the fit; read-only."""
+    from dpopt.release import PrivacyLedger, read_ledger
+
+    if args.ledger is None:
+        return
+    if read_ledger(args.ledger, _ledger_expect(args)) is None:
+        PrivacyLedger(*_ledger_create(args))  # validates the totals of the ledger to be created
+
+
+def _release(args: argparse.Namespace, mech: Any, x: Any, dom: Domain) -> tuple[Any, Any]:
+    """Release through the ledger (the locked --ledger file, else a one-run ledger)."""
+    from dpopt.release import PrivacyLedger, ledger_file, release
+
+    if args.ledger is None:
+        ledger = PrivacyLedger(*_ledger_create(args))
+        return release(mech, x, ledger, domain=dom), ledger
+    with ledger_file(args.ledger, create=_ledger_create(args),
+                     expect=_ledger_expect(args)) as ledger:
+        return release(mech, x, ledger, domain=dom), ledger
+
+
+def _load_rows(args: argparse.Namespace) -> tuple[Any, Domain]:
+    """The histogram x of the table; refuses a table with no rows."""
+    df, dom = _load_table(args)
+    if len(df) == 0:
+        raise CliError(f"data file {args.data!r} has no rows (only a header); expected at least "
+                       "one record")
+    x, report = histogram(df, dom, on_invalid=args.on_invalid)
+    _say(args, f"domain {dom!r} ({dom.size} cells); {report.summary()}")
+    if report.n_counted == 0:
+        raise CliError(f"no row of {args.data!r} was counted ({report.summary()}); expected at "
+                       "least one record in the domain")
+    return x, dom
 
 
 def answer_command(args: argparse.Namespace) -> int:
@@ -315,7 +338,7 @@ def answer_command(args: argparse.Namespace) -> int:
     from dpopt.release import (
         BudgetExceededError,
         ReleaseUnavailableError,
-        release,
+        _pause_point,
         require_opendp,
     )
 
@@ -323,10 +346,8 @@ def answer_command(args: argparse.Namespace) -> int:
         privacy = Privacy(args.epsilon, args.delta, calibration=args.calibration)
         mech = make_mechanism(args.mechanism)
         require_opendp()  # fail before the (possibly long) fit, not after it
-        ledger = _ledger(args)
-        df, dom = _load_table(args)
-        x, report = histogram(df, dom, on_invalid=args.on_invalid)
-        _say(args, f"domain {dom!r} ({dom.size} cells); {report.summary()}")
+        _check_ledger_early(args)
+        x, dom = _load_rows(args)
         workload = parse_workload(args.workload, dom)
         m, n = workload.shape
         _say(args, f"fitting {args.mechanism} on {m} queries x {n} cells ...")
@@ -335,7 +356,7 @@ def answer_command(args: argparse.Namespace) -> int:
         info = getattr(mech, "fit_info_", None)
         status = f", {info.status}" if info is not None else ""
         _say(args, f"fitted in {time.perf_counter() - t0:.2f} s{status}")
-        answers = release(mech, x, ledger, domain=dom)
+        answers, ledger = _release(args, mech, x, dom)
     except BudgetExceededError as exc:
         print(f"dpopt answer: {exc}", file=sys.stderr)
         return EXIT_BUDGET
@@ -346,8 +367,6 @@ def answer_command(args: argparse.Namespace) -> int:
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         print(f"dpopt answer: error: {msg}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    if args.ledger:
-        _save_ledger(args.ledger, ledger)
     try:
         answers.to_csv(sys.stdout if args.out == "-" else args.out, index=False)
     except BrokenPipeError:  # e.g. piped into `head`; the release itself is complete
@@ -356,6 +375,7 @@ def answer_command(args: argparse.Namespace) -> int:
         print(f"dpopt answer: error: cannot write {args.out!r}: {exc} (the release was charged "
               "to the ledger)", file=sys.stderr)
         return EXIT_BAD_INPUT
+    _pause_point("answers-written")
     rem = ledger.remaining()
     _say(args, f"released {len(answers)} answers (mode=release) to {args.out}; budget left: "
                f"eps={rem['epsilon']:.6g}, delta={rem['delta']:.3g}"

@@ -28,6 +28,7 @@ from dpopt.queries import (
 from dpopt.release import (
     BudgetExceededError,
     Charge,
+    LedgerCorruptError,
     PrivacyLedger,
     ReleaseUnavailableError,
     gaussian_delta,
@@ -39,7 +40,6 @@ from dpopt.release import (
 )
 from dpopt.strategy import Strategy
 
-ADULT = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "adult"
 COLUMNS = ["query", "answer", "std", "noise", "noise_scale", "mode", "mechanism", "epsilon",
            "delta"]
 KS_ALPHA = 1e-6  # a correct sampler fails the KS check with probability 1e-6
@@ -47,6 +47,53 @@ KS_ALPHA = 1e-6  # a correct sampler fails the KS check with probability 1e-6
 
 def _ks_critical(n: int) -> float:
     return float(stats.kstwo.ppf(1 - KS_ALPHA, n))
+
+
+N_RELEASES = 400  # independent releases behind each Monte-Carlo check of released noise
+SIGMAS = 5.0  # bounds are 5 standard errors (or chi-square quantiles at 1e-7 per side)
+
+
+def _noise_mismatch(err: np.ndarray, std: np.ndarray, noise: str) -> str | None:
+    """Why errors err (N releases x m queries) are not zero-mean noise of the stated std (None: fine).
+
+    Mean of each query: within SIGMAS standard errors std/sqrt(N).  Spread, with z = err/std:
+    Gaussian noise has sum z^2 ~ chi-square(N), checked against its 1e-7 and 1 - 1e-7 quantiles;
+    a weighted sum of Laplace draws has E z^2 = 1 and Var z^2 = kurtosis - 1 <= 5, so mean z^2 must
+    lie within SIGMAS sqrt(5/N) of 1.  A noise scale off by a factor 2 either way moves mean z^2 to
+    4 or 1/4, outside both bounds for N = N_RELEASES.
+    """
+    n = err.shape[0]
+    z = err / std
+    bad_mean = np.abs(err.mean(axis=0)) >= SIGMAS * std / math.sqrt(n)
+    if bad_mean.any():
+        return f"mean error of queries {np.flatnonzero(bad_mean).tolist()} is not 0"
+    ss = (z**2).sum(axis=0)
+    if noise == "gaussian":
+        lo, hi = stats.chi2.ppf([1e-7, 1 - 1e-7], n)
+    else:
+        lo, hi = n * (1 - SIGMAS * math.sqrt(5 / n)), n * (1 + SIGMAS * math.sqrt(5 / n))
+    bad_var = (ss <= lo) | (ss >= hi)
+    if bad_var.any():
+        return f"mean z^2 {(ss / n)[bad_var].round(3).tolist()} is not 1"
+    return None
+
+
+def _repeated_errors(mech, x: np.ndarray, truth: np.ndarray, dom: Domain) -> tuple:
+    """(N_RELEASES x m errors answer - truth, stated std, noise kind) of independent releases."""
+    eps, delta = mech.privacy_.epsilon, mech.privacy_.delta
+    led = PrivacyLedger(eps * (N_RELEASES + 1), delta * (N_RELEASES + 1))
+    outs = [release(mech, x, led, domain=dom) for _ in range(N_RELEASES)]
+    err = np.array([o["answer"].to_numpy() - truth for o in outs])
+    std = outs[0]["std"].to_numpy()
+    assert all((o["std"].to_numpy() == std).all() for o in outs)
+    return err, std, outs[0]["noise"].iloc[0]
+
+
+def _assert_noise_as_stated(err: np.ndarray, std: np.ndarray, noise: str) -> None:
+    """The errors match the stated std, and the same check rejects a std off by a factor 2."""
+    assert _noise_mismatch(err, std, noise) is None
+    assert _noise_mismatch(err, 2 * std, noise) is not None
+    assert _noise_mismatch(err, std / 2, noise) is not None
 
 
 def _state(led: PrivacyLedger) -> tuple:
@@ -92,7 +139,7 @@ def test_fail_closed_without_opendp(monkeypatch: pytest.MonkeyPatch) -> None:
     mech = make_mechanism("identity").fit(identity_workload(dom), Privacy(1.0))
     led = PrivacyLedger(1.0)
     with pytest.raises(ReleaseUnavailableError):
-        release(mech, np.ones(4), led)
+        release(mech, np.ones(4), led, domain=dom)
     assert led.history == [] and led.remaining_epsilon == 1.0
 
 
@@ -182,6 +229,42 @@ def test_zcdp_ledger_composes_gaussians_better_than_basic() -> None:
 
 
 @pytest.mark.parametrize(
+    ("fields", "pattern"),
+    [
+        ({"epsilon": -5.0}, r"epsilon must be a finite number >= 0, got -5.0"),
+        ({"epsilon": math.nan}, "epsilon must be a finite number >= 0, got nan"),
+        ({"epsilon": math.inf}, "epsilon must be a finite number >= 0, got inf"),
+        ({"delta": -1e-9}, r"delta must be a finite number in \[0, 1\)"),
+        ({"delta": 1.0}, r"delta must be a finite number in \[0, 1\)"),
+        ({"rho": -0.1}, "rho must be a finite number >= 0"),
+        ({"epsilon": True}, "epsilon must be a number, got True"),
+        ({"noise": "uniform"}, r"noise must be one of \('laplace', 'gaussian'\)"),
+        ({"label": 3}, "label must be a string"),
+    ],
+)
+def test_charge_must_be_finite_and_non_negative(fields: dict, pattern: str) -> None:
+    led = PrivacyLedger(1.0, 1e-6)
+    good = {"epsilon": 0.5, "delta": 0.0, "rho": 0.125, "noise": "laplace"}
+    with pytest.raises(ValueError, match=pattern):
+        led.charge(Charge(**{**good, **fields}))
+    # A negative charge used to be recorded and raise the remaining budget from 1 to 6.
+    assert led.history == [] and led.remaining_epsilon == 1.0
+    assert Charge(0.0, 0.0, 0.0, "gaussian").epsilon == 0.0  # a free charge is fine
+
+
+def test_ledger_state_is_replayed_under_its_budget() -> None:
+    led = PrivacyLedger(1.0)
+    led.charge(Charge(0.6, 0.0, 0.18, "laplace"))
+    state = led.to_dict()
+    assert PrivacyLedger.from_dict(state).history == led.history
+    state["history"].append(dict(state["history"][0]))  # 1.2 > 1: an overspent history
+    with pytest.raises(LedgerCorruptError, match="history entry 1 overspends the budget"):
+        PrivacyLedger.from_dict(state)
+    with pytest.raises(LedgerCorruptError, match="expected exactly the keys"):
+        PrivacyLedger.from_dict({"total_epsilon": 1.0})
+
+
+@pytest.mark.parametrize(
     ("args", "pattern"),
     [
         ((-1.0,), "total_epsilon must be a finite number > 0"),
@@ -236,7 +319,7 @@ def test_release_gaussian_scale_is_calibrated_sigma(small) -> None:
     # One Gaussian release calibrated exactly to (1, 1e-6) costs more than the zCDP budget of
     # (1, 1e-6) (the zCDP conversion is loose); zCDP pays off over many releases.
     led = PrivacyLedger(3.0, 1e-6, accounting="zcdp")
-    out = release(mech, x, led)
+    out = release(mech, x, led, domain=dom)
     sens2 = mech.strategy_.sens2
     sigma = priv.noise_scale(sens2)
     assert (out["noise_scale"] == sigma).all() and (out["noise"] == "gaussian").all()
@@ -250,7 +333,7 @@ def test_release_noise_is_laplace_end_to_end() -> None:
     dom = Domain([IntegerRange("v", 0, n - 1)])
     x = np.arange(n, dtype=float)
     mech = make_mechanism("laplace").fit(identity_workload(dom), Privacy(eps))
-    out = release(mech, x, PrivacyLedger(eps))
+    out = release(mech, x, PrivacyLedger(eps), domain=dom)
     z = out["answer"].to_numpy() - x  # A = W = I, B = I: the answers carry the raw noise
     assert stats.kstest(z, stats.laplace(scale=1 / eps).cdf).statistic < _ks_critical(n)
     assert stats.kstest(z, stats.laplace(scale=2.5 / eps).cdf).statistic > _ks_critical(n)
@@ -265,7 +348,7 @@ def test_release_refuses_undercalibrated_gaussian(small) -> None:
     mech = SimpleNamespace(strategy_=strat, privacy_=bad, workload_=W, short_name="custom")
     led = PrivacyLedger(1.0, 1e-5)
     with pytest.raises(ValueError, match=r"gives delta=.* more than the requested delta=1e-05"):
-        release(mech, x, led)
+        release(mech, x, led, domain=dom)
     assert led.history == []
 
 
@@ -276,10 +359,11 @@ def test_release_bad_inputs_change_nothing(small) -> None:
     led = PrivacyLedger(1.0)
     other = Domain([IntegerRange("age", 1, 10), IntegerRange("sex", 0, 1)])
     cases = [
-        (lambda: release(mech, x[:-1], led), r"length 19, expected 20"),
-        (lambda: release(mech, np.r_[np.nan, x[1:]], led), "NaN"),
+        (lambda: release(mech, x[:-1], led, domain=dom), r"length 19, expected 20"),
+        (lambda: release(mech, np.r_[np.nan, x[1:]], led, domain=dom), "NaN"),
         (lambda: release(mech, x, led, domain=other), "is over Domain"),
-        (lambda: release(mech, x, led, labels=["a"]), "labels has 1 entries"),
+        (lambda: release(mech, x, led), "pass domain="),
+        (lambda: release(mech, x, led, labels=["a"], domain=dom), "labels has 1 entries"),
         (lambda: release(make_mechanism("identity"), x, led), "fitted mechanism with strategy_"),
         (lambda: release(mech, x, {"eps": 1}), "ledger must be a PrivacyLedger"),
     ]
@@ -291,18 +375,49 @@ def test_release_bad_inputs_change_nothing(small) -> None:
     neg = SimpleNamespace(strategy_=mech.strategy_, workload_=W,
                           privacy_=SimpleNamespace(epsilon=-1.0, delta=0.0))
     with pytest.raises(ValueError, match="epsilon must be a finite number > 0, got -1.0"):
-        release(neg, x, led)
+        release(neg, x, led, domain=dom)
     with pytest.raises(ValueError, match="epsilon must be a finite number > 0"):
         Privacy(-1.0)
     assert led.history == [] and led.remaining_epsilon == 1.0
 
 
-def test_adult_end_to_end_release_then_refusal() -> None:
-    csv = ADULT / "adult.csv"
-    if not csv.exists():
-        pytest.skip("../shared/data/adult not available")
-    df = pd.read_csv(csv)
-    dom = Domain.from_json(ADULT / "adult-domain.json").project(["age", "race", "sex"])
+def test_release_needs_the_domain_of_a_bound_workload(small) -> None:
+    dom, x = small
+    mech = make_mechanism("identity").fit(marginal_workload(dom, ["age"]), Privacy(1.0))
+    led = PrivacyLedger(10.0)
+    # Same size (20 cells), so x alone cannot reveal that it was built over another domain.
+    shifted = Domain([IntegerRange("age", 1, 10), IntegerRange("sex", 0, 1)])
+    swapped = Domain([IntegerRange("sex", 0, 1), IntegerRange("age", 0, 9)])
+    renamed = Domain([IntegerRange("years", 0, 9), IntegerRange("sex", 0, 1)])
+    for other, pattern in [
+        (shifted, r"differ in attribute 'age': low 0 vs 1, high 9 vs 10"),
+        (swapped, r"differ in attribute order: \(age, sex\) vs \(sex, age\)"),
+        (renamed, r"differ in attributes: \['age'\] only in the first, \['years'\] only in"),
+    ]:
+        with pytest.raises(DomainMismatchError, match=pattern):
+            release(mech, x, led, domain=other)
+    with pytest.raises(DomainMismatchError, match=r"is bound to Domain\(age:10, sex:2\); pass domain="):
+        release(mech, x, led)
+    assert led.history == []
+    # A workload bound to no domain (a plain matrix family) is released without one.
+    from dpopt.workloads import AllRange
+
+    plain = make_mechanism("identity").fit(AllRange(20), Privacy(1.0))
+    assert len(release(plain, x, led)) == 20 * 21 // 2 and len(led.history) == 1
+
+
+def test_histogram_refuses_data_without_rows(small) -> None:
+    dom, _ = small
+    with pytest.raises(ValueError, match=r"the data have no rows \(a header only\?\)"):
+        histogram(pd.DataFrame({"age": [], "sex": []}), dom)
+
+
+def test_adult_end_to_end_release_then_refusal(shared_dir: Path) -> None:
+    adult = shared_dir / "data" / "adult"
+    if not (adult / "adult.csv").exists():
+        pytest.skip(f"{adult / 'adult.csv'} not found (the Adult data beside the checkout)")
+    df = pd.read_csv(adult / "adult.csv")
+    dom = Domain.from_json(adult / "adult-domain.json").project(["age", "race", "sex"])
     x, report = histogram(df, dom)
     assert report.n_counted == 48842
     W = stack_workloads([
@@ -319,7 +434,12 @@ def test_adult_end_to_end_release_then_refusal() -> None:
     truth = np.array([
         (df.age.between(20, 29) & (df.sex == 0)).sum(), df.race.isin([0, 1]).sum(),
         (df.sex == 0).sum(), (df.sex == 1).sum()])
-    assert np.all(np.abs(out["answer"].to_numpy() - truth) < 12 * out["std"].to_numpy())
+    # Released answers are the true counts plus zero-mean noise of the stated std, checked over
+    # N_RELEASES releases of the same queries on the same data (a wrong query, data vector or noise
+    # scale fails).  Noise on the queries themselves keeps each release to 4 draws; a hierarchical
+    # release draws 1,700 (0.3 s each), too slow to repeat here.
+    on_queries = make_mechanism("laplace").fit(W, Privacy(0.5))
+    _assert_noise_as_stated(*_repeated_errors(on_queries, x, truth, dom))
     assert (out["noise_scale"] == mech.strategy_.sens1 / 0.5).all()
     assert (out["mode"] == "release").all()
     # The same release again would spend 1.0 > 0.8: refused, nothing released, budget unchanged.
@@ -345,4 +465,6 @@ def test_release_through_a_factored_hdmm_strategy(small, delta) -> None:
     assert out["query"].tolist() == W.row_labels()
     assert (out["mechanism"] == "hdmm").all()
     assert float((out["std"] ** 2).sum()) == pytest.approx(mech.expected_error_.total, rel=1e-8)
-    assert np.abs(out["answer"] - W.sparse() @ x).max() < 12 * out["std"].max()
+    err, std, noise = _repeated_errors(mech, x, W.sparse() @ x, dom)
+    assert noise == ("gaussian" if delta else "laplace")
+    _assert_noise_as_stated(err, std, noise)
