@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
+import io
 import json
+import math
 import subprocess
 import sys
 
+import numpy as np
+import pandas as pd
 import pytest
 
-from dpopt.baselines import wavelet_strategy
-from dpopt.bounds import svd_bound
 from dpopt.cli import main
-from dpopt.error import expected_error
-from dpopt.privacy import Privacy
 from dpopt.workloads import AllRange
 
 REQUIRED = {"mechanism", "expected_total_error", "rmse", "bound", "ratio_to_bound", "fit_seconds", "solver", "status"}
@@ -24,30 +24,114 @@ def run(capsys, *args):
     return code, out.out, out.err
 
 
-def test_json_records_match_library(capsys):
+def _haar(n: int) -> np.ndarray:
+    """Unnormalised Haar strategy for n a power of 2: the total, then +1 / -1 on the halves of every dyadic node."""
+    rows = [np.ones(n)]
+    size = n
+    while size > 1:
+        for start in range(0, n, size):
+            r = np.zeros(n)
+            r[start:start + size // 2] = 1.0
+            r[start + size // 2:start + size] = -1.0
+            rows.append(r)
+        size //= 2
+    return np.array(rows)
+
+
+def _binary_tree(n: int) -> np.ndarray:
+    """Every dyadic interval of n (a power of 2) cells as a 0/1 row, root to leaves."""
+    rows, size = [], n
+    while size >= 1:
+        for start in range(0, n, size):
+            r = np.zeros(n)
+            r[start:start + size] = 1.0
+            rows.append(r)
+        size //= 2
+    return np.array(rows)
+
+
+def _all_ranges(n: int) -> np.ndarray:
+    """Every range [i, j] of n cells as a 0/1 row."""
+    return np.array([[1.0 if i <= c <= j else 0.0 for c in range(n)] for i in range(n) for j in range(i, n)])
+
+
+def _independent_errors(n: int, P: float) -> dict[str, float]:
+    """Expected total error of each baseline on all ranges: P sens2(A)^2 ||B||_F^2, B = W A^+ (or I for laplace)."""
+    W = _all_ranges(n)
+    out = {}
+    for name, A in (("identity", np.eye(n)), ("wavelet", _haar(n)), ("hierarchical", _binary_tree(n))):
+        sens2 = np.linalg.norm(A, axis=0).max()
+        out[name] = P * sens2**2 * np.linalg.norm(W @ np.linalg.pinv(A), "fro") ** 2
+    out["laplace"] = P * np.linalg.norm(W, axis=0).max() ** 2 * W.shape[0]  # A = W, B = I_m
+    return out
+
+
+def test_json_records_match_independent_computation(capsys):
     code, out, _ = run(capsys, "compare", "--workload", "allrange:32", "--epsilon", "0.5", "--delta", "1e-6",
                        "--mechanisms", "identity,wavelet,hierarchical,laplace", "--format", "json")
     assert code == 0
     recs = json.loads(out)
     assert {r["mechanism"] for r in recs} == {"identity", "wavelet", "hierarchical", "laplace"}
+    P = 2.0 * math.log(2.0 / 1e-6) / 0.5**2  # the classic Gaussian variance factor, written out
+    W = _all_ranges(32)
+    svdb = P * np.linalg.svd(W, compute_uv=False).sum() ** 2 / 32
+    errors = _independent_errors(32, P)
     for r in recs:
         assert REQUIRED <= set(r)
-        assert r["ratio_to_bound"] == pytest.approx(r["expected_total_error"] / r["bound"])
+        assert r["expected_total_error"] == pytest.approx(errors[r["mechanism"]], rel=1e-9), r["mechanism"]
+        assert r["rmse"] == pytest.approx(math.sqrt(errors[r["mechanism"]] / W.shape[0]), rel=1e-9)
+        assert r["bound"] == pytest.approx(svdb, rel=1e-9)
+        assert r["ratio_to_bound"] == pytest.approx(errors[r["mechanism"]] / svdb, rel=1e-9)
         assert r["ratio_to_bound"] >= 1.0
-    p = Privacy(0.5, 1e-6)
-    w = AllRange(32)
-    wav = next(r for r in recs if r["mechanism"] == "wavelet")
-    assert wav["expected_total_error"] == pytest.approx(expected_error(wavelet_strategy(32), w, p).total)
-    assert wav["bound"] == pytest.approx(p.variance_factor * svd_bound(w))
     errs = [r["expected_total_error"] for r in recs]
     assert errs == sorted(errs)
 
 
-@pytest.mark.parametrize("fmt", ["table", "csv", "markdown"])
-def test_formats(capsys, fmt):
-    code, out, err = run(capsys, "compare", "-w", "prefix:16", "-e", "1", "-f", fmt, "-m", "identity,wavelet")
+def _json_records(capsys, spec: str) -> list[dict]:
+    code, out, err = run(capsys, "compare", "-w", spec, "-e", "1", "-f", "json", "-m", "identity,wavelet,hierarchical")
     assert code == 0, err
-    assert "wavelet" in out and "identity" in out
+    return json.loads(out)
+
+
+NUMERIC = ["strategy_rank", "sensitivity", "expected_total_error", "rmse", "bound", "ratio_to_bound"]
+
+
+def test_csv_reads_back_to_the_json_records(capsys):
+    recs = _json_records(capsys, "prefix:16")
+    code, out, err = run(capsys, "compare", "-w", "prefix:16", "-e", "1", "-f", "csv",
+                         "-m", "identity,wavelet,hierarchical")
+    assert code == 0, err
+    df = pd.read_csv(io.StringIO(out))
+    assert list(df["mechanism"]) == [r["mechanism"] for r in recs]
+    for row, rec in zip(df.to_dict(orient="records"), recs, strict=True):
+        for col in NUMERIC:
+            assert row[col] == rec[col], col  # full precision: exactly the JSON value
+        assert row["solver"] == rec["solver"] and row["status"] == rec["status"]
+
+
+def _parse_markdown(text: str) -> list[dict[str, str]]:
+    lines = [line for line in text.strip().splitlines() if line.startswith("|")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    return [dict(zip(header, (c.strip() for c in line.strip("|").split("|")), strict=True)) for line in lines[2:]]
+
+
+def _parse_table(text: str) -> list[dict[str, str]]:
+    lines = text.strip().splitlines()
+    header = lines[0].split()
+    return [dict(zip(header, line.split(None, len(header) - 1), strict=True)) for line in lines[1:]]
+
+
+@pytest.mark.parametrize("fmt, parse, rel", [("markdown", _parse_markdown, 1e-5), ("table", _parse_table, 1e-3)])
+def test_text_formats_show_the_json_numbers(capsys, fmt, parse, rel):
+    recs = _json_records(capsys, "prefix:16")
+    code, out, err = run(capsys, "compare", "-w", "prefix:16", "-e", "1", "-f", fmt, "-m", "identity,wavelet,hierarchical")
+    assert code == 0, err
+    rows = parse(out)
+    assert [r["mechanism"] for r in rows] == [r["mechanism"] for r in recs]
+    for row, rec in zip(rows, recs, strict=True):
+        for col in NUMERIC:
+            assert float(row[col]) == pytest.approx(rec[col], rel=rel), (fmt, col)
+        assert row["status"] == rec["status"]
 
 
 def test_plot(tmp_path, capsys):
