@@ -19,7 +19,14 @@ from dpopt.implicit.workloads import KronWorkload, MarginalsWorkload, UnionWorkl
 from dpopt.mechanisms.base import MechanismError
 from dpopt.mechanisms.registry import MECHANISMS, make_mechanism
 from dpopt.privacy import Privacy
-from dpopt.queries import Between, Equals, marginals_workload, predicate_workload, range_workload, stack_workloads
+from dpopt.queries import (
+    Between,
+    Equals,
+    marginals_workload,
+    predicate_workload,
+    range_workload,
+    stack_workloads,
+)
 from dpopt.specs import parse_workload
 from dpopt.strategy import StrategyError
 from dpopt.workloads import (
@@ -34,9 +41,9 @@ from dpopt.workloads import (
     Total,
     WDiscrete,
     WidthK,
+    WorkloadTooLargeError,
     WRange,
     WRelated,
-    WorkloadTooLargeError,
     WTau,
 )
 
