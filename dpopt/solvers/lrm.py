@@ -200,21 +200,43 @@ def reoptimize_B(W: np.ndarray, L: np.ndarray, gamma: float = 0.0) -> np.ndarray
     a = (WV * WV).sum(axis=0)  # ||W v_i||^2
     # ||W (I - V V^T)||_F^2, formed directly: ||W||^2 - sum(a) cancels when gamma << ||W||.
     base = float(np.linalg.norm(W - WV @ Vt) ** 2)
-    # Aim a hair inside the ball so the recomputed residual of the returned B stays <= gamma.
-    target = (gamma * (1.0 - 1e-8)) ** 2
-    if base >= target:
-        return W @ np.linalg.pinv(L)
+    # Aim a hair inside the ball. The residual recomputed from B carries an absolute rounding error
+    # of order eps ||W||_F (W - B L cancels), which relative to a small gamma can exceed any fixed
+    # hair: so the returned B's residual is recomputed, and while it misses gamma the aim moves
+    # inside by twice the miss (at most RESIDUAL_AIM_STEPS times; then the least-squares B).
+    aim = gamma * (1.0 - 1e-8)
+    for _ in range(RESIDUAL_AIM_STEPS):
+        B = _ridge_B(WV, s, U, base, a, aim)
+        if B is None:
+            break
+        resid = float(np.linalg.norm(W - B @ L))
+        if resid <= gamma:
+            return B
+        aim -= 2.0 * (resid - aim)
+    return W @ np.linalg.pinv(L)
+
+
+#: Corrections of reoptimize_B's aim before it falls back on the least-squares B.
+RESIDUAL_AIM_STEPS = 4
+
+
+def _ridge_B(
+    WV: np.ndarray, s: np.ndarray, U: np.ndarray, base: float, a: np.ndarray, aim: float
+) -> np.ndarray | None:
+    """B(lam) = lam W V diag(s / (lam s^2 + 1)) U^T with predicted residual `aim` (None if out of reach)."""
+    if aim <= 0.0 or base >= aim * aim:
+        return None
+    target = aim * aim
 
     def excess(log_lam: float) -> float:
         lam = math.exp(log_lam)
         return base + float(np.sum(a / (lam * s * s + 1.0) ** 2)) - target
 
     lo, hi = -60.0, 60.0
-    if excess(hi) > 0.0:  # gamma is within rounding of the least-squares residual
-        return W @ np.linalg.pinv(L)
+    if excess(hi) > 0.0:  # the aim is within rounding of the least-squares residual
+        return None
     log_lam = brentq(excess, lo, hi, xtol=1e-14, rtol=1e-14, maxiter=500)
     lam = math.exp(log_lam)
-    # B = lam W V diag(s / (lam s^2 + 1)) U^T
     return (WV * (lam * s / (lam * s * s + 1.0))) @ U.T
 
 
