@@ -6,6 +6,8 @@ import math
 
 import numpy as np
 import pytest
+from scipy.integrate import quad
+from scipy.optimize import brentq
 from scipy.stats import norm
 
 from dpopt.privacy import Privacy, analytic_gaussian_sigma
@@ -38,11 +40,29 @@ def test_laplace_and_classic_gaussian_factors():
     assert g.variance_factor == pytest.approx(2 * math.log(2 / 1e-5) / 0.25)
 
 
+def _hockey_stick_delta(sigma: float, eps: float) -> float:
+    """delta of the Gaussian mechanism at sensitivity 1 by its definition, sup_S P(S) - e^eps Q(S) with
+    P = N(0, sigma^2), Q = N(1, sigma^2): the integral of p - e^eps q over {p > e^eps q} = (-inf, z*),
+    by numerical quadrature (independent of Balle and Wang's closed form in Phi)."""
+    log_ratio = lambda z: norm.logpdf(z, 0, sigma) - norm.logpdf(z, 1, sigma) - eps  # noqa: E731, decreasing
+    z_star = brentq(log_ratio, -100 - 100 * sigma**2 * eps, 100, xtol=1e-14, rtol=1e-15)
+    f = lambda z: norm.pdf(z, 0, sigma) - math.exp(eps) * norm.pdf(z, 1, sigma)  # noqa: E731
+    value, _ = quad(f, -np.inf, z_star, epsabs=0, epsrel=1e-11, limit=200)
+    return value
+
+
 def test_analytic_gaussian_meets_delta_exactly_and_beats_classic():
     for eps, delta in [(0.1, 1e-6), (1.0, 1e-5), (4.0, 1e-9)]:
         s = analytic_gaussian_sigma(eps, delta)
-        achieved = norm.cdf(1 / (2 * s) - eps * s) - math.exp(eps) * norm.cdf(-1 / (2 * s) - eps * s)
-        assert achieved == pytest.approx(delta, rel=1e-6)
+        achieved = _hockey_stick_delta(s, eps)
+        smaller = _hockey_stick_delta(s * (1 - 1e-6), eps)
+        # Smallest: a sigma 1e-6 relatively smaller is not (eps, delta)-DP.
+        assert smaller > delta
+        # Exact: the bisection brackets the exact sigma within 1e-12 relatively, which moves delta by
+        # |d log delta / d log sigma| * 1e-12 (the slope measured over the 1e-6 step); 1e-10 for the
+        # quadrature (asked for 1e-11).
+        slope = math.log(smaller / achieved) / 1e-6
+        assert achieved == pytest.approx(delta, rel=2e-12 * slope + 1e-10)
         if eps <= 1:
             assert s < math.sqrt(2 * math.log(2 / delta)) / eps
     a = Privacy(1.0, 1e-5, calibration="analytic")
