@@ -101,6 +101,13 @@ def test_lrm_lemma3_is_the_error_of_its_decomposition():
     err = expected_error(dec, w, Privacy(0.5)).total
     assert err <= lrm_upper_bound_lemma3(w, 0.5) * (1 + 1e-12)
     assert lrm_upper_bound_lemma3(w, 0.5) == pytest.approx(2 * r * np.sum(s**2) / 0.25)
-    assert lrm_lower_bound_lemma4(w, 0.5) > 0
+    # Lemma 4 written out from the paper (seed 000, Appendix): (2^r / r! prod_k lambda_k)^(2/r) r^3 / eps^2,
+    # lambda_k the r non-zero singular values of W (here by numpy's SVD; the library takes square roots of
+    # eigenvalues of W^T W: relative error ~ n kappa(W)^2 u on each; the r-fold product to the power 2/r
+    # keeps that order; 10 times it).
+    kappa = s[0] / s[r - 1]
+    lemma4 = (2**r / math.factorial(r) * np.prod(s[:r])) ** (2 / r) * r**3 / 0.25
+    assert np.sum(s > 1e-10 * s[0]) == r
+    assert lrm_lower_bound_lemma4(w, 0.5) == pytest.approx(lemma4, rel=10 * W.shape[1] * kappa**2 * np.finfo(float).eps)
     with pytest.raises(ValueError, match="epsilon"):
         lrm_upper_bound_lemma3(w, 0.0)
