@@ -354,6 +354,6 @@ def check_domain(workload: Workload, domain: Domain) -> None:
         )
     if wd != domain:
         raise DomainMismatchError(
-            f"workload {workload.name!r} is over {wd!r} but the data are over {domain!r}; "
-            "build the workload and the histogram from the same Domain"
+            f"workload {workload.name!r} is over {wd!r} but the data are over {domain!r} "
+            f"({wd.difference(domain)}); build the workload and the histogram from the same Domain"
         )

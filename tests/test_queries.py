@@ -172,3 +172,15 @@ def test_adult_predicates_match_pandas() -> None:
     np.testing.assert_array_equal(
         W.sparse() @ x,
         [(df.age.between(20, 29) & (df.sex == 1)).sum(), df.race.isin([0, 2]).sum()])
+
+
+def test_domain_mismatch_names_what_differs():
+    """Two domains of the same size and repr: the error must say which attribute's range differs."""
+    a = Domain([IntegerRange("age", 0, 9), Categorical("sex", ["F", "M"])])
+    b = Domain([IntegerRange("age", 1, 10), Categorical("sex", ["F", "M"])])
+    assert repr(a) == repr(b)  # the old message printed these two, identical, side by side
+    w = marginal_workload(a, ["age"])
+    with pytest.raises(DomainMismatchError, match=r"age.*0.*1.*9.*10"):
+        check_domain(w, b)
+    with pytest.raises(DomainMismatchError, match=r"age"):
+        stack_workloads([w, marginal_workload(b, ["sex"])])
