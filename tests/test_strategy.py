@@ -28,11 +28,35 @@ def test_sensitivities():
 def test_hierarchical_structure(n):
     h = hierarchical_strategy(n)
     A = h.A.toarray()
-    levels = int(np.ceil(np.log2(n))) + 1
-    # every cell is covered once per level it reaches; root covers all, leaves are single cells
-    assert A[0].sum() == n
-    assert h.sens1 <= levels and h.rank == n
     assert set(np.unique(A)) <= {0.0, 1.0}
+    # Every row is one interval [lo, hi) of cells (its ones are contiguous).
+    intervals = []
+    for row in A:
+        cells = np.flatnonzero(row)
+        assert cells.size and np.all(np.diff(cells) == 1)
+        intervals.append((int(cells[0]), int(cells[-1]) + 1))
+    assert len(set(intervals)) == len(intervals)
+    # A binary tree with near-equal splits (docstring): the root is every cell, each node longer than one
+    # cell has exactly two children, which split it into halves of lengths differing by at most one, and
+    # the leaves are the n single cells; so there are 2n - 1 nodes.
+    nodes = set(intervals)
+    assert (0, n) in nodes and len(nodes) == 2 * n - 1
+    for lo, hi in nodes:
+        inner = [(a, b) for a, b in nodes if lo <= a and b <= hi and (a, b) != (lo, hi)]
+        if hi - lo == 1:
+            assert not inner
+            continue
+        children = [(a, b) for a, b in inner if not any(c <= a and b <= d and (c, d) != (a, b) for c, d in inner)]
+        assert len(children) == 2 and sorted(children)[0][0] == lo and sorted(children)[1][1] == hi
+        (a, m1), (m2, b) = sorted(children)
+        assert m1 == m2 and abs((m1 - a) - (b - m2)) <= 1
+    # Halving a length-n interval reaches single cells after ceil(log2 n) splits, so every cell lies on
+    # at most ceil(log2 n) + 1 nodes (exactly that on the deepest path): sens1 = levels, sens2 = sqrt(levels).
+    levels = int(np.ceil(np.log2(n))) + 1
+    depth = A.sum(axis=0)
+    assert depth.max() == levels
+    assert h.sens1 == levels and h.sens2 == pytest.approx(np.sqrt(levels), rel=1e-15)
+    assert h.rank == n == np.linalg.matrix_rank(A)
 
 
 @pytest.mark.parametrize("n", [2, 8, 12, 64])
