@@ -9,6 +9,7 @@ q1 = 2 x_NJ + x_CA + x_WA gets "noise variance 12/eps^2" = 2 * (4 + 1 + 1) / eps
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from functools import cache
 
@@ -28,6 +29,7 @@ from dpopt.mechanisms import (
 from dpopt.mechanisms.convergence import solver_status
 from dpopt.mechanisms.matrix import factor_gram
 from dpopt.privacy import Privacy
+from dpopt.solvers.convex_dp import solve_convex_dp
 from dpopt.solvers.result import CONVERGED, FAILED, MAX_ITER, SolverResult
 from dpopt.strategy import Strategy
 from dpopt.workloads import AllRange
@@ -88,9 +90,28 @@ def test_lrm_paper_example_finds_at_most_39_over_eps2():
     # Lemma 1 computed here from (B, L), independently of the core: 2 ||B||_F^2 Delta(B, L)^2 / eps^2.
     lemma1 = 2 * float(np.sum(B**2)) * float(np.abs(L).sum(axis=0).max()) ** 2 / eps**2
     assert lrm.expected_error_.total == pytest.approx(lemma1, rel=1e-9)
-    assert lemma1 * eps**2 <= 39.0 * (1 + 1e-6)
+    # A better decomposition than the printed one exists: L38 below, with column L1 norms (3/4, 1, 1, 1)
+    # and ||B38||_F^2 = 19, i.e. 38/eps^2. It is the best any of 33 seeded runs (ranks 4-6) found, so
+    # it is a target, not a certified optimum. The solver stops a run when ||B||_F^2 changes by at most
+    # ftol = 1e-6 relatively per outer iteration, so it must come within that of 38.
+    assert lemma1 * eps**2 <= 38.0 * (1 + 1e-6)
     assert lrm.fit_info_.status == "converged"
     assert lemma1 >= lrm.bound_
+
+
+def test_lrm_paper_example_has_a_38_over_eps2_decomposition():
+    """The decomposition behind the 38/eps^2 target above, checked in exact rational arithmetic."""
+    from fractions import Fraction as F
+
+    L38 = [[F(-3, 8), 0, -1, 0], [F(1, 4), -1, 0, 0], [F(1, 8), 0, 0, 1]]
+    B38 = [[-1, -2, 1], [0, -1, 2], [-2, 0, 2]]
+    BL = [[sum(B38[i][k] * L38[k][j] for k in range(3)) for j in range(4)] for i in range(3)]
+    assert BL == W3.astype(int).tolist()
+    assert max(sum(abs(L38[k][j]) for k in range(3)) for j in range(4)) == 1
+    assert 2 * sum(b * b for row in B38 for b in row) == 38
+    eps = 0.25
+    err = expected_error(Strategy(np.array(L38, dtype=float), B=np.array(B38, dtype=float)), W3, Privacy(eps))
+    assert err.total * eps**2 == pytest.approx(38.0, rel=1e-12)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -263,22 +284,35 @@ def _others(wname: str) -> list[str]:
     return [o for o in OTHERS if not _is_slow(o, wname)]
 
 
+# The convex optimum's stopping rule: relative duality gap (fun - dual_bound) / fun <= tol.
+CONVEX_TOL = inspect.signature(solve_convex_dp).parameters["tol"].default
+
+
 def _compare_optimum(wname: str, others: list[str]) -> None:
     opt = fitted("mm-optimal", wname, False)
     w = opt.workload_
-    lower = opt.fit_info_.extra["unit_lower_bound"]
+    # Default iterations suffice at these sizes (n <= 128, a handful of Newton steps): converged, with a
+    # certified gap within the stopping tolerance.
+    assert opt.fit_info_.status == "converged", (opt.fit_info_.status, opt.fit_info_.message)
+    assert 0 <= opt.fit_info_.gap <= CONVEX_TOL
+    P = 2 * np.log(2 / EPS_DELTA.delta) / EPS_DELTA.epsilon**2  # classic Gaussian variance factor
+    lower = P * opt.fit_info_.extra["unit_lower_bound"]
+    # Rounding between the solver's fun and the error recomputed from the factor A of X: about
+    # n kappa(X) u relative (kappa(X) = kappa(A)^2); 10 times that.
+    s = np.linalg.svd(np.asarray(opt.strategy_.A), compute_uv=False)
+    rounding = 10 * w.n * (s[0] / s[s > 1e-5 * s[0]][-1]) ** 2 * np.finfo(float).eps
+    # The certificate: the optimum's error is within the gap of the certified lower bound ...
+    assert lower <= opt.expected_error_.total * (1 + rounding)
+    assert opt.expected_error_.total <= lower / (1 - CONVEX_TOL) * (1 + rounding)
+    # ... and the lower bound holds for every strategy's (eps, delta) error, so none beats the optimum
+    # by more than the gap.
     rng = np.random.default_rng(0)
     errors = {o: fitted(o, wname, False).expected_error_.total for o in others}
     for k in range(3):  # random full-rank strategies support every workload
         errors[f"random{k}"] = expected_error(Strategy(rng.normal(size=(w.n, w.n))), w, EPS_DELTA).total
-    # The certificate is a lower bound on every strategy's (eps, delta) error (up to its units).
-    if lower is not None:
-        for name, err in errors.items():
-            assert EPS_DELTA.variance_factor * lower <= err * (1 + 1e-9), name
-    if opt.fit_info_.status != "converged":
-        pytest.xfail(f"mm-optimal did not converge on {wname}: {opt.fit_info_.status} ({opt.fit_info_.message})")
     for name, err in errors.items():
-        assert opt.expected_error_.total <= err * (1 + 1e-6), (name, opt.expected_error_.total, err)
+        assert lower <= err * (1 + 1e-9), name
+        assert opt.expected_error_.total <= err / (1 - CONVEX_TOL) * (1 + rounding), (name, err)
 
 
 @pytest.mark.parametrize("wname", list(WORKLOADS))
