@@ -262,8 +262,19 @@ def test_starting_points_and_limits() -> None:
     capped = solve_convex_dp(prefix_gram(24), max_iter=0)
     assert capped.status == MAX_ITER and capped.nit == 0
     assert capped.dual_bound <= capped.fun
-    stopped = solve_convex_dp(prefix_gram(24), callback=lambda info: info["nit"] >= 1)
-    assert stopped.status in (STALLED, CONVERGED)
+    # A callback returning True stops the solver with STALLED (documented), after that iteration. The
+    # returned point is still a feasible strategy (unit diagonal; its objective recomputed here) and is
+    # bracketed by the certificates: no lower than the optimum's bound, its own bound no higher.
+    Gp = prefix_gram(24)
+    full = solve_convex_dp(Gp)
+    stopped = solve_convex_dp(Gp, callback=lambda info: info["nit"] >= 1)
+    assert stopped.status == STALLED and stopped.nit == 1 and "stopped by callback" in stopped.message
+    X = stopped.x
+    np.testing.assert_allclose(np.diag(X), 1.0, rtol=0, atol=1e-12)
+    # trace(G X^-1) for a 24 x 24 positive definite X: relative rounding ~ n kappa(X) u; 10 times that.
+    fun = float(np.trace(np.linalg.solve(X, Gp)))
+    assert stopped.fun == pytest.approx(fun, rel=10 * 24 * np.linalg.cond(X) * np.finfo(float).eps)
+    assert stopped.fun >= full.dual_bound and stopped.dual_bound <= full.fun
     seen = []
     solve_convex_dp(G, callback=lambda info: seen.append(info["gap"]))
     assert seen and seen[-1] <= 1e-8
