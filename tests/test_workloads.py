@@ -92,6 +92,7 @@ def test_wdiscrete_variants():
     assert set(np.unique(lit)) == {-1.0, 1.0}
     assert set(np.unique(zero)) == {0.0, 1.0}
     np.testing.assert_array_equal(lit == 1, zero == 1)  # same selected entries
+    # 20,000 Bernoulli(0.02) entries: standard error sqrt(0.02 * 0.98 / 20000) = 0.001, so 5 SE
     assert abs((zero == 1).mean() - 0.02) < 0.005
     with pytest.raises(ValueError, match="off_value"):
         WDiscrete(3, 3, off_value=2)
@@ -99,7 +100,12 @@ def test_wdiscrete_variants():
 
 def test_wrelated_rank():
     w = WRelated(30, 40, 6, seed=2)
-    assert np.linalg.matrix_rank(w.matrix()) == 6
+    # Rank by a stated gap rather than matrix_rank's threshold (40 * eps_mach * s_max, the same order as
+    # the rounding floor of a product of random factors): a backward-stable SVD puts the exactly-zero
+    # singular values below ~ min(m, n) * eps_mach * s_max ~ 1e-14 * s_max, and the six nonzero ones of
+    # random Gaussian factors are order s_max, far above 1e-8 * s_max.
+    sv = np.linalg.svd(w.matrix(), compute_uv=False)
+    assert sv[5] > 1e-8 * sv[0] and sv[6] < 1e-12 * sv[0]
 
 
 def test_all_predicate_gram_matches_enumeration():
@@ -107,7 +113,9 @@ def test_all_predicate_gram_matches_enumeration():
     rows = np.array(list(itertools.product([0, 1], repeat=n)), dtype=float)
     w = AllPredicate(n)
     assert w.shape == (2**n, n)
-    np.testing.assert_allclose(np.exp(w.gram_log_scale) * w.gram(), rows.T @ rows)
+    # The right side is exact (integer counts); the left is an exact Gram times exp(log 8), which exp and
+    # log return to within an ulp or two each: a few 1e-16 relative, so 1e-13.
+    np.testing.assert_allclose(np.exp(w.gram_log_scale) * w.gram(), rows.T @ rows, rtol=1e-13)
     with pytest.raises(WorkloadTooLargeError):
         AllPredicate(1024).matrix()
     assert AllPredicate(1024).gram().shape == (1024, 1024)
@@ -117,7 +125,7 @@ def test_kron_and_all_range_nd():
     w = all_range_nd([3, 4])
     W = np.kron(brute_all_range(3), brute_all_range(4))
     np.testing.assert_array_equal(w.matrix(), W)
-    np.testing.assert_allclose(w.gram(), W.T @ W)
+    np.testing.assert_array_equal(w.gram(), W.T @ W)  # integer entries: exact in floating point
     assert w.shape == W.shape
 
 
@@ -131,14 +139,17 @@ def test_marginals_data_cube():
     m01 = marginal(sizes, [0, 1]).matrix()
     assert m01.shape == (6, 12) and np.all(m01.sum(axis=0) == 1)
     weighted = Marginals(sizes, subsets=[(0,), (1, 2)], weights=[2.0, 1.0])
-    np.testing.assert_allclose(weighted.gram(), 4 * marginal(sizes, [0]).gram() + marginal(sizes, [1, 2]).gram())
+    # integer Grams scaled by 2^2: exact in floating point
+    np.testing.assert_array_equal(
+        weighted.gram(), 4 * marginal(sizes, [0]).gram() + marginal(sizes, [1, 2]).gram())
 
 
 def test_stack_weights_and_gram():
     a, b = Prefix(5), Identity(5)
     s = Stack([a, b], weights=[3.0, 0.5])
-    np.testing.assert_allclose(s.matrix(), np.vstack([3 * a.matrix(), 0.5 * b.matrix()]))
-    np.testing.assert_allclose(s.gram(), s.matrix().T @ s.matrix())
+    # 0/1 matrices times 3 and 2^-1, and their Gram (sums of 9s and 1/4s): all exact in floating point
+    np.testing.assert_array_equal(s.matrix(), np.vstack([3 * a.matrix(), 0.5 * b.matrix()]))
+    np.testing.assert_array_equal(s.gram(), s.matrix().T @ s.matrix())
     with pytest.raises(ValueError, match="same number of cells"):
         Stack([Prefix(3), Prefix(4)])
     with pytest.raises(ValueError, match="positive"):
