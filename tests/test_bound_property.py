@@ -105,20 +105,8 @@ def _fit(mechanism: str, workload, privacy: Privacy):
         return None
 
 
-# The error side, not the bound: eigen-design leaves two directions W uses (1e-9 of ||W||_F) at strategy
-# eigenvalues below Strategy's rank cut (RANK_RTOL = 1e-10 of the largest), so the reported error drops
-# them and comes out 1.3e-9 below the exact SVD bound (keeping them gives 402.3339578891 > 402.3339578294).
-ERROR_SIDE = {("marginals:2x3x2:1", "eigen", "approx"): "reported error drops strategy directions below the rank cut"}
-
-
-def _marks(w: str, m: str, p: str) -> list:
-    """xfail (strict) the cases whose reported error, not bound, is known to be off."""
-    why = ERROR_SIDE.get((w, m, p))
-    return [pytest.mark.xfail(reason=why, strict=True)] if why else []
-
-
 CASES = [
-    pytest.param(w, m, p, id=f"{w}-{m}-{p}", marks=_marks(w, m, p))
+    pytest.param(w, m, p, id=f"{w}-{m}-{p}")
     for w in WORKLOADS
     for m in MECHANISMS
     for p in PRIVACIES

@@ -59,6 +59,13 @@ _HAND_SOLVERS = {
 _CVXPY_MODELS = {"eigen": "eigen_design", "optimal": "mm_approx", "appendix-b": "appendix_b"}
 # A cell is unmeasured when its column of W has squared norm below this fraction of the largest.
 ZERO_COLUMN_RTOL = 1e-14
+# Completion skips a cell whose unused L2 sensitivity 1 - X_jj is at most this. The eigen solver stops
+# at a relative gap of 1e-8, so diag(X) falls short of 1 by that order where the optimum has it equal
+# to 1 (marginals). Completing such a cell adds a direction at eigenvalue c ~ 1e-9 next to W's null
+# space; eigh then resolves the near-null eigenvectors only to eps / c ~ 1e-7 (Davis-Kahan), and the
+# strategy's computed error drifts below the SVD bound by 1e-9 relative, while the completion gains
+# at most about 2 c ||X^+|| relative error. 1e-6 is 100x the solver's slack.
+COMPLETION_MIN = 1e-6
 # NNLS: iteration cap of scipy's active-set method (per call) and tolerance of the sparse solver.
 NNLS_MAX_ITER_FACTOR = 50
 NNLS_SPARSE_TOL = 1e-10
@@ -108,9 +115,11 @@ def complete_gram(X: np.ndarray, G: np.ndarray, factor: str, privacy: Privacy) -
     X (n x n) with diag(X) <= 1 (an eigen-design Gram). Under (eps, delta) the completed strategy is never
     worse (trace(G X^-1) can only fall at equal sens2 = 1); it reproduces seed 004's Table 2 eigen column.
     Under eps-DP the added rows may raise sens1, so the completion is kept only if its error is smaller.
-    Returns (X', whether the completion was applied).
+    Unused sensitivity at or below COMPLETION_MIN is the solver's stopping slack, not a design choice,
+    and is left unspent (see COMPLETION_MIN). Returns (X', whether the completion was applied).
     """
     c = np.clip(1.0 - np.diag(X), 0.0, None)
+    c[c <= COMPLETION_MIN] = 0.0
     if not c.any():
         return X, False
     Xc = X + np.diag(c)
