@@ -76,17 +76,22 @@ def test_unknown_pair_and_solver_are_refused():
 
 
 def test_convex_pair_agrees_with_its_conic_model():
+    # The hand-written solver ships with dpopt: "unavailable" is a failure here, not a skip.
     df = cv.run_crossval(quick=True, pairs=["convex_dp"], solvers=["clarabel"])
-    if df["verdict"].str.startswith("unavailable").all():
-        pytest.skip("hand-written convex_dp solver not installed")
-    assert (df["verdict"] == "ok").all(), df[["instance", "rel_diff", "verdict"]]
-    # Prefix(8)'s optimum is far below the identity strategy's trace(G) / mean diag = 8.
+    assert len(df) and (df["verdict"] == "ok").all(), df.to_string()
+    # Objectives are trace(G X^-1) / mean(diag G) with diag X = 1. On Prefix(8) the optimum lies between
+    # the SVD bound (sum of singular values)^2 / n (seed 004 Thm. 4.2) and the identity strategy's
+    # trace(G) = n mean(diag G), i.e. 8; both written out here. The hand solver returns a feasible X, so
+    # its objective is at least the bound (up to rounding); the conic one may sit below the optimum by
+    # its feasibility tolerance, bounded by the comparison's own CONVEX_RTOL. Both solvers stop at relative
+    # gaps of 1e-8 (the hand solver's tol, Clarabel's default tol_gap_rel), so they agree within 1e-6.
+    W = Prefix(8).matrix()
+    G = W.T @ W
+    svdb = np.linalg.svd(W, compute_uv=False).sum() ** 2 / 8 / np.mean(np.diag(G))
     row = df.set_index("instance").loc["prefix:8"]
-    assert row["hand_objective"] < 8.0 and abs(row["rel_diff"]) < 1e-6
-
-
-# (pair, instance) comparisons allowed to fail: none.
-KNOWN_FAILURES: set[tuple[str, str]] = set()
+    assert svdb * (1 - 1e-12) <= row["hand_objective"] < 8.0
+    assert row["ref_objective"] >= svdb * (1 - cv.CONVEX_RTOL)
+    assert abs(row["rel_diff"]) < 1e-6
 
 
 def test_crossval_quick_command(tmp_path, capsys):
@@ -96,11 +101,11 @@ def test_crossval_quick_command(tmp_path, capsys):
     printed = capsys.readouterr()
     assert out.is_file() and png.is_file()
     df = pd.read_csv(out)
-    failed = df[~df["verdict"].isin(["ok"]) & ~df["verdict"].str.startswith("unavailable")]
-    assert set(zip(failed["pair"], failed["instance"], strict=True)) <= KNOWN_FAILURES, failed
-    assert (df["pair"] == "convex_dp").any() and (df["pair"] == "lrm").any()
-    # the command's exit status says whether anything failed
-    assert code == (1 if len(failed) else 0), printed.out + printed.err
+    # Every pair's modules ship with dpopt and every quick comparison must agree: no failure, and no
+    # "unavailable" or "skipped" row hiding one.
+    assert set(df["pair"]) == set(cv.PAIRS), df["pair"].unique()
+    assert (df["verdict"] == "ok").all(), df[["pair", "instance", "verdict"]]
+    assert code == 0, printed.out + printed.err
 
 
 def test_appendix_b_matches_its_conic_model_on_singular_gram():
