@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import math
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import require_shared
 from scipy import stats
 
 from dpopt.data import Domain, IntegerRange, histogram
@@ -412,10 +412,9 @@ def test_histogram_refuses_data_without_rows(small) -> None:
         histogram(pd.DataFrame({"age": [], "sex": []}), dom)
 
 
-def test_adult_end_to_end_release_then_refusal(shared_dir: Path) -> None:
-    adult = shared_dir / "data" / "adult"
-    if not (adult / "adult.csv").exists():
-        pytest.skip(f"{adult / 'adult.csv'} not found (the Adult data beside the checkout)")
+def test_adult_end_to_end_release_then_refusal() -> None:
+    require_shared("data/adult/adult.csv")
+    adult = require_shared("data/adult/adult-domain.json").parent
     df = pd.read_csv(adult / "adult.csv")
     dom = Domain.from_json(adult / "adult-domain.json").project(["age", "race", "sex"])
     x, report = histogram(df, dom)

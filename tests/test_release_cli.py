@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import require_shared
 
 from dpopt.data import Categorical, Domain, IntegerRange, NumericBins, histogram
 from dpopt.release_cli import CliError, main, parse_domain, parse_workload
@@ -131,10 +132,9 @@ def _iid_laplace_mismatch(err: np.ndarray, std: float) -> str | None:
     return None
 
 
-def test_adult_csv_with_json_domain(capsys, tmp_path: Path, shared_dir: Path) -> None:
-    adult = shared_dir / "data" / "adult"
-    if not (adult / "adult.csv").exists():
-        pytest.skip(f"{adult / 'adult.csv'} not found (the Adult data beside the checkout)")
+def test_adult_csv_with_json_domain(capsys, tmp_path: Path) -> None:
+    require_shared("data/adult/adult.csv")
+    adult = require_shared("data/adult/adult-domain.json").parent
     out = tmp_path / "a.csv"
     rc, _, err = _run(capsys, "--data", str(adult / "adult.csv"), "--domain",
                       f"{adult / 'adult-domain.json'}:sex,race", "--workload", "marginal:sex,race",
