@@ -40,7 +40,9 @@ def test_committed_copy_matches_generator(name):
 
 def _execute_small(name: str):
     nb = BUILD.build(name)
-    client = nbclient.NotebookClient(nb, kernel_name="python3", timeout=300,
+    # No per-cell wall-clock limit: whether a cell finishes within N seconds depends on the machine's load,
+    # not on the notebook being right (a hang is left to the runner's own limit).
+    client = nbclient.NotebookClient(nb, kernel_name="python3", timeout=None,
                                      resources={"metadata": {"path": str(NB_DIR)}})
     try:
         client.execute()
