@@ -61,24 +61,35 @@ def w_range(m: int, n: int, rng: np.random.Generator) -> np.ndarray:
 
 
 def assert_feasible(res, W: np.ndarray, tol: float = 1e-6) -> None:
+    """solve_lrm's documented feasibility test, evaluated with the same expressions it uses.
+
+    The residual and column sums are computed exactly as the solver computes them for its own test
+    (np.linalg.norm(W - B @ L), column L1 sums), so its (1 + 1e-9) margins apply bit for bit. fun and
+    error_factor are sums of m r and r n products evaluated in another order: relative round-off
+    <= (m + n) r * eps_mach < 1e-12 at these sizes.
+    """
     B, L = res.x
     assert np.abs(L).sum(axis=0).max() <= 1.0 + 1e-9
     assert np.linalg.norm(W - B @ L) <= tol * np.linalg.norm(W) * (1 + 1e-9)
     assert res.fun == pytest.approx(float(np.sum(B * B)), rel=1e-12)
     assert res.extra["error_factor"] == pytest.approx(lrm_error(B, L) / 2.0, rel=1e-12)
+    # the same quotient of the same two norms: equal to within an ulp or two
     assert res.extra["rel_residual"] == pytest.approx(
-        np.linalg.norm(W - B @ L) / np.linalg.norm(W), rel=1e-6, abs=1e-15
+        np.linalg.norm(W - B @ L) / np.linalg.norm(W), rel=1e-15, abs=0.0
     )
 
 
 def test_paper_numbers_of_worked_example():
     # The paper's own convention (Laplace variance 2 b^2): NOD 40 / eps^2, its strategy 39 / eps^2.
-    assert nod_error(W_EXAMPLE) == pytest.approx(40.0)
-    np.testing.assert_allclose(B_PAPER @ L_PAPER, W_EXAMPLE, atol=1e-15)
-    assert lrm_error(B_PAPER, L_PAPER) == pytest.approx(39.0)
+    # Integers, halves and their squares are exact in floating point: these are compared exactly.
+    assert nod_error(W_EXAMPLE) == 40.0
+    # entries are sums of a few multiples of fl(1/3) and fl(2/3): within 2 ulps (4.4e-16) of integers
+    np.testing.assert_allclose(B_PAPER @ L_PAPER, W_EXAMPLE, rtol=0, atol=1e-15)
+    # the sensitivity fl(1/3) + fl(2/3) rounds to within an ulp of 1: a few ulps on 39
+    assert lrm_error(B_PAPER, L_PAPER) == pytest.approx(39.0, rel=1e-14)
     # Per-query variances 12.5, 10, 16.5 (in units of 1 / eps^2).
-    np.testing.assert_allclose(2 * np.sum(B_PAPER**2, axis=1), [12.5, 10.0, 16.5])
-    assert noq_error(W_EXAMPLE) == pytest.approx(2 * 3 * 25)
+    np.testing.assert_array_equal(2 * np.sum(B_PAPER**2, axis=1), [12.5, 10.0, 16.5])
+    assert noq_error(W_EXAMPLE) == 2 * 3 * 25
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -93,6 +104,8 @@ def test_worked_example_beats_paper_strategy(seed, init):
     assert err <= 39.0 + 1e-6
     # Every start we tried reaches 38 / eps^2 (below the paper's 39): e.g. measure
     # -NY/4 + NJ, NY/8 + WA, 3 NY/8 + CA with B = [[2, 1, 1], [1, 2, 0], [0, 2, 2]].
+    # A run stops once f = ||B||_F^2 changes by <= ftol = 1e-6 relatively and the residual is <= 1e-6
+    # ||W||; 1e-5 is ten times that stopping rule (the runs end within 1.2e-10 here).
     assert err == pytest.approx(38.0, rel=1e-5)
 
 
@@ -139,8 +152,9 @@ def test_relaxed_gamma_meets_bound():
     B, L = res.x
     assert np.linalg.norm(W - B @ L) <= gamma * (1 + 1e-9)
     assert np.abs(L).sum(axis=0).max() <= 1.0 + 1e-9
-    # B is the best for L under the bound, so it sits on the boundary.
-    assert np.linalg.norm(W - B @ L) == pytest.approx(gamma, rel=1e-6)
+    # B is the best for L under the bound, so it sits on the boundary: reoptimize_B aims 1e-8 inside
+    # gamma, moving further in only by rounding misses of order eps_mach ||W|| / gamma ~ 1e-14 here.
+    assert np.linalg.norm(W - B @ L) == pytest.approx(gamma, rel=1e-7)
     exact = solve_lrm(W, seed=0)
     assert res.fun < exact.fun
 
@@ -158,8 +172,10 @@ def test_svd_start_is_feasible_and_exact():
     W = w_related(10, 20, 3, rng)
     B0, L0 = svd_start(W, 5, np.random.default_rng(0))
     assert L0.shape == (5, 20) and B0.shape == (10, 5)
-    assert np.abs(L0).sum(axis=0).max() == pytest.approx(1.0, abs=1e-15)
-    np.testing.assert_allclose(B0 @ L0, W, atol=1e-10 * np.abs(W).max())
+    # columns divided by the largest column sum: that sum recomputed is 1 up to n * eps_mach ~ 4e-15
+    assert np.abs(L0).sum(axis=0).max() == pytest.approx(1.0, abs=1e-14)
+    # an SVD reconstruction: error <= ~ n * eps_mach * ||W||_2 <= 20 * 2.2e-16 * sqrt(m n) max|W| ~ 6e-14 max|W|
+    np.testing.assert_allclose(B0 @ L0, W, rtol=0, atol=1e-12 * np.abs(W).max())
 
 
 def test_update_B_zeroes_gradient():
@@ -169,6 +185,8 @@ def test_update_B_zeroes_gradient():
     beta = 3.7
     B = update_B(W, L, pi, beta)
     grad = B - pi @ L.T + beta * B @ L @ L.T - beta * W @ L.T
+    # B solves (I + beta L L^T) B^T = ... (3 x 3, cond ~ 1e2): a backward-stable solve leaves a residual
+    # of ~ r * eps_mach * ||terms|| ~ 1e-15 relative to the largest term; 1e-12 with margin.
     assert np.abs(grad).max() <= 1e-12 * max(1.0, np.abs(beta * W @ L.T).max())
 
 
@@ -187,16 +205,19 @@ def test_nesterov_L_matches_cvxpy():
     prob = cp.Problem(cp.Minimize(obj), [cp.sum(cp.abs(X), axis=0) <= 1])
     prob.solve(solver=cp.CLARABEL)
     G = 0.5 * beta * np.sum((B @ L) ** 2) - np.sum(C * L)
+    # projection onto the L1 ball: column sums exceed 1 by at most r * eps_mach
     assert np.abs(L).sum(axis=0).max() <= 1 + 1e-12
-    assert G == pytest.approx(prob.value, rel=1e-6, abs=1e-7)
+    # Strongly convex (B^T B > 0), so the step test (1e-13) puts L at the optimum to ~1e-12; Clarabel's
+    # defaults (gap and feasibility 1e-8) make its value good to ~1e-8 relative: compared at 10x that.
+    assert G == pytest.approx(prob.value, rel=1e-7)
 
 
 def test_reoptimize_B_against_cvxpy():
     cp = pytest.importorskip("cvxpy")
     rng = np.random.default_rng(5)
     W, L = rng.normal(size=(6, 8)), rng.normal(size=(5, 8))
-    # gamma = 0: least squares / minimum norm.
-    np.testing.assert_allclose(reoptimize_B(W, L, 0.0), W @ np.linalg.pinv(L), atol=1e-12)
+    # gamma = 0: least squares / minimum norm (the same expression, W @ pinv(L): the same bits).
+    np.testing.assert_array_equal(reoptimize_B(W, L, 0.0), W @ np.linalg.pinv(L))
     ls_res = np.linalg.norm(W - W @ np.linalg.pinv(L) @ L)
     for gamma in [1.05 * ls_res, 0.5 * (ls_res + np.linalg.norm(W))]:
         B = reoptimize_B(W, L, gamma)
@@ -204,10 +225,12 @@ def test_reoptimize_B_against_cvxpy():
         prob = cp.Problem(cp.Minimize(cp.sum_squares(X)), [cp.norm(W - X @ L, "fro") <= gamma])
         prob.solve(solver=cp.CLARABEL)
         assert np.linalg.norm(W - B @ L) <= gamma
+        # reoptimize_B aims 1e-8 inside gamma, which raises ||B||^2 by its elasticity (gamma / f) |df/dgamma|
+        # (~21 and ~24 for these two gammas) times 1e-8, i.e. ~2.5e-7; Clarabel's gap adds ~1e-8.
         assert np.sum(B * B) == pytest.approx(prob.value, rel=1e-6)
     # gamma >= ||W||: B = 0 is feasible and optimal; gamma below the least-squares residual: W L^+.
     assert not reoptimize_B(W, L, 1.01 * np.linalg.norm(W)).any()
-    np.testing.assert_allclose(reoptimize_B(W, L, 0.5 * ls_res), W @ np.linalg.pinv(L), atol=1e-12)
+    np.testing.assert_array_equal(reoptimize_B(W, L, 0.5 * ls_res), W @ np.linalg.pinv(L))
 
 
 def test_iteration_and_time_caps_are_not_convergence():
@@ -240,11 +263,11 @@ def test_repair_pair_makes_a_near_miss_exact_at_almost_no_cost():
     L1 = L0 + 1e-4 * rng.normal(size=L0.shape)
     L1 /= np.abs(L1).sum(axis=0).max()
     B1 = polish(W, L1, gamma, 1e-6)
-    assert np.linalg.norm(W - B1 @ L1) > 100 * gamma
+    assert np.linalg.norm(W - B1 @ L1) > 100 * gamma  # 455 gamma here
     B2, L2 = repair_pair(W, B1, L1, gamma, 1e-6)
     assert np.linalg.norm(W - B2 @ L2) <= gamma * (1 + 1e-9)
     assert np.abs(L2).sum(axis=0).max() <= 1 + 1e-12
-    assert lrm_error(B2, L2) <= 1.01 * lrm_error(B0, L0)
+    assert lrm_error(B2, L2) <= 1.01 * lrm_error(B0, L0)  # the claim; 0.05% below here
 
 
 def test_a_capped_run_that_misses_gamma_is_repaired_and_keeps_its_status():
@@ -252,6 +275,7 @@ def test_a_capped_run_that_misses_gamma_is_repaired_and_keeps_its_status():
     W = w_related(8, 16, 8, rng)
     opts = dict(gamma=1e-3, max_outer=20, seed=0, init="random", restarts=0)
     plain = solve_lrm(W, repair=False, **opts)
+    # residual 3.99 here, far from the 1.0 checked
     assert plain.status == MAX_ITER and plain.extra["residual"] > 1.0 and not plain.extra["repaired"]
     res = solve_lrm(W, **opts)
     B, L = res.x
@@ -338,14 +362,18 @@ def test_sparse_workload_is_never_worse_than_noise_on_data():
     assert_feasible(res, W)
     svd_only = solve_lrm(W, seed=0, init="svd", restarts=0, refine=0)
     assert svd_only.status == CONVERGED
-    assert lrm_error(*svd_only.x) > 1.1 * nod
+    assert lrm_error(*svd_only.x) > 1.1 * nod  # 1.21 nod here
+    # The solver picks the smallest error factor as it computes it; lrm_error recomputes it in another
+    # summation order (64 x r terms): relative round-off < 64 r eps_mach < 1e-12.
     assert lrm_error(*res.x) <= nod * (1 + 1e-12)
     starts = {d["name"]: d for d in res.extra["starts"]}
     assert {"svd", "identity"} <= set(starts)
-    assert starts["identity"]["start_factor"] == pytest.approx(nod / 2, rel=1e-12)
+    # 0/1 matrices: the identity start's factor ||W||_F^2 is an exact integer on both sides
+    assert starts["identity"]["start_factor"] == nod / 2
     assert res.extra["error_factor"] <= min(d["run_factor"] for d in res.extra["starts"])
-    # The first run is the SVD-start run on its own (each start has its own child generator).
-    assert starts["svd"]["run_factor"] == pytest.approx(svd_only.extra["error_factor"], rel=1e-12)
+    # The first run is the SVD-start run on its own (each start has its own child generator): the same
+    # computation, so the same bits.
+    assert starts["svd"]["run_factor"] == svd_only.extra["error_factor"]
 
 
 def test_crossval_wrange_instance_reaches_the_alternating_reference():
@@ -357,6 +385,7 @@ def test_crossval_wrange_instance_reaches_the_alternating_reference():
     res = solve_lrm(W, rank=10, seed=0)
     assert res.status == CONVERGED
     assert_feasible(res, W)
+    # the reference value to its printed digits; 46.222 here, 0.3% below it
     assert res.extra["error_factor"] <= 46.3792
 
 
