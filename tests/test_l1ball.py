@@ -37,6 +37,8 @@ def _bisection_projection(v: np.ndarray, radius: float) -> np.ndarray:
 @pytest.mark.parametrize("method", METHODS)
 def test_known_value(method):
     # |v| = (3, 1, 0.5), radius 2: rho = 1, theta = 3 - 2 = 1 -> (2, 0, 0), L1 norm 2.
+    # All inputs, thresholds and outputs here are dyadic rationals, computed exactly in floating point;
+    # atol 1e-15 (~2 ulps at 2) only allows for a different but equally exact order of operations.
     V = np.array([[3.0], [-1.0], [0.5]])
     P = project_l1_ball_columns(V, radius=2.0, method=method)
     np.testing.assert_allclose(P[:, 0], [2.0, 0.0, 0.0], atol=1e-15)
@@ -56,7 +58,12 @@ def test_against_cvxpy(method):
         x = cp.Variable(V.shape[0])
         prob = cp.Problem(cp.Minimize(cp.sum_squares(x - V[:, j])), [cp.norm1(x) <= 1.0])
         prob.solve(solver=cp.CLARABEL)
-        np.testing.assert_allclose(P[:, j], x.value, atol=1e-6)
+        # Clarabel's defaults (relative/absolute gap and feasibility 1e-8) certify its value to
+        # ~1e-8 (1 + f), plus its infeasibility times the multiplier theta <= max|v| < 10: 1e-7 (1 + f).
+        f = float(np.sum((P[:, j] - V[:, j]) ** 2))
+        assert abs(f - prob.value) <= 1e-7 * (1.0 + prob.value)
+        # and the objective is 2-strongly convex, so ||x - p||^2 <= f(x) - f(p) <= that same bound
+        np.testing.assert_allclose(P[:, j], x.value, rtol=0, atol=np.sqrt(1e-7 * (1.0 + prob.value)))
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -64,6 +71,7 @@ def test_inside_columns_unchanged_bitwise(method):
     V = np.array([[0.2, 5.0], [-0.3, 1.0], [0.1, -2.0]])
     P = project_l1_ball_columns(V, method=method)
     assert np.array_equal(P[:, 0], V[:, 0])
+    # a projected column's L1 norm is the radius up to the rounding of a 3-term sum at scale 5 (~1e-15)
     assert abs(np.abs(P[:, 1]).sum() - 1.0) < 1e-12
 
 
@@ -73,7 +81,7 @@ def test_vector_input_and_does_not_mutate(method):
     v0 = v.copy()
     p = project_l1_ball_columns(v, 1.0, method=method)
     assert p.shape == (2,)
-    np.testing.assert_allclose(p, [0.5, -0.5])
+    np.testing.assert_array_equal(p, [0.5, -0.5])  # theta = (4 - 1) / 2 = 1.5: dyadic, exact
     assert np.array_equal(v, v0)
 
 
@@ -96,6 +104,9 @@ def test_invalid_input(V, radius, match, method):
 @settings(max_examples=150, deadline=None)
 @given(V=matrices, radius=radii, method=st.sampled_from(METHODS))
 def test_kkt_and_matches_bisection(V, radius, method):
+    # Round-off scale: a column has r <= 7 entries of magnitude <= 50, so sums and thresholds carry
+    # errors of ~ r * eps_mach * max|v| ~ 1.6e-15 * scale, and the 200-step bisection pins its threshold
+    # to an ulp; 1e-9 * scale (the KKT and agreement tolerances below) is a deliberately wide multiple.
     P = project_l1_ball_columns(V, radius, method=method)
     assert P.shape == V.shape
     norms = np.abs(P).sum(axis=0)
@@ -124,6 +135,8 @@ def test_kkt_and_matches_bisection(V, radius, method):
 def test_idempotent(V, radius):
     P = project_l1_ball_columns(V, radius)
     P2 = project_l1_ball_columns(P, radius)
+    # P's columns lie on or inside the sphere up to r * eps_mach * scale (r <= 7): reprojecting moves
+    # them by at most that much
     np.testing.assert_allclose(P2, P, atol=1e-12 * max(1.0, float(np.abs(V).max())))
 
 
@@ -136,6 +149,7 @@ def test_non_expansive(V, U, radius):
     PV = project_l1_ball_columns(V, radius)
     PU = project_l1_ball_columns(U, radius)
     for j in range(c):
+        # exact in real arithmetic; each projection carries ~ r * eps_mach * 50 ~ 1e-13 absolute error
         assert np.linalg.norm(PV[:, j] - PU[:, j]) <= np.linalg.norm(V[:, j] - U[:, j]) + 1e-9
 
 
@@ -176,6 +190,7 @@ def test_single_row_is_clipping():
     v = np.array([[3.0, -0.5, -2.0, 0.0, 1.0]])
     for method in METHODS:
         P = project_l1_ball_columns(v, 1.0, method=method)
+        # one entry per column: theta = |v| - 1, p = |v| - theta, exact for these dyadic values
         np.testing.assert_allclose(P, np.sign(v) * np.minimum(np.abs(v), 1.0), atol=1e-15)
 
 
@@ -189,6 +204,7 @@ def test_ties_closed_form():
     V[:, 1] = [3.0, 1.0, -3.0, 1.0, 3.0, -1.0, 1.0, 1.0]
     for method in METHODS:
         P = project_l1_ball_columns(V, 3.0, method=method)
+        # theta = (6 - 3) / 8 and the outputs 3 / 8 are dyadic, exact; 1e-15 ~ 2 ulps of 1
         np.testing.assert_allclose(P[:, 0], np.sign(V[:, 0]) * 3.0 / r, atol=1e-15)
         np.testing.assert_allclose(P[:, 1], [1.0, 0.0, -1.0, 0.0, 1.0, 0.0, 0.0, 0.0], atol=1e-15)
 
@@ -253,6 +269,10 @@ def test_result_does_not_depend_on_compaction(monkeypatch):
         monkeypatch.setattr(l1ball, "_COMPACT_FRACTION", fraction)
         results.append(project_l1_ball_columns(V))
     for P in results[1:]:
+        # Each column gets the same elementwise operations, and its sum is a numpy reduction over axis 0
+        # (NumPy, not BLAS), whose order within a column does not depend on how many columns the array
+        # holds: the results are expected bit for bit; 1e-15 (~ ulp(4)) only allows one ulp should a
+        # NumPy build reorder that reduction.
         np.testing.assert_allclose(P, results[0], rtol=0, atol=1e-15)
 
 
@@ -263,6 +283,9 @@ def test_layout_and_dtype_of_input():
     for W in (np.asfortranarray(V), V[:, ::-1][:, ::-1], V.astype(np.float32)):
         P = project_l1_ball_columns(W)
         assert P.flags.c_contiguous and P.dtype == np.float64
+        # Other layouts are copied into the same C-ordered workspace: the same arithmetic, bit for bit
+        # (1e-15 ~ 2 ulps at |v| <~ 3). float32 input differs from V by <= 2^-24 |v| ~ 2e-7 (|v| <~ 4),
+        # and the threshold shifts by at most that much again: 1e-6.
         tol = 1e-6 if W.dtype == np.float32 else 1e-15
         np.testing.assert_allclose(P, ref, atol=tol)
     V0 = V.copy()
