@@ -122,9 +122,14 @@ def unsmoothed(M: np.ndarray, G: np.ndarray) -> float:
 
 def strategy_from_gram(M: np.ndarray) -> np.ndarray:
     """Seed 000, Appendix B: A = sum_i sqrt(lam_i) v_i v_i^T (symmetric square root of M, n x n),
-    scaled so that its largest column L2 norm is 1 (sens2(A) = 1)."""
+    scaled so that its largest column L2 norm is 1 (sens2(A) = 1).
+
+    Eigenvalues within the eigensolver's backward error of zero (n eps max(lam)) are zero: a singular M
+    (the optimum on a singular Gram) would otherwise give A spurious singular values sqrt(n eps) ~ 1e-8
+    of its largest, which a pseudo-inverse of A then amplifies."""
     lam, V = eigh(0.5 * (M + M.T))
-    A = (V * np.sqrt(np.maximum(lam, 0.0))) @ V.T
+    lam = np.where(lam > M.shape[0] * np.finfo(float).eps * lam.max(), lam, 0.0)
+    A = (V * np.sqrt(lam)) @ V.T
     return A / math.sqrt(float(np.max(np.sum(A * A, axis=0))))
 
 
