@@ -21,6 +21,15 @@ from dpopt.workloads import (
 )
 
 
+EPS = np.finfo(float).eps
+
+
+def assert_products_close(ours: np.ndarray, M: np.ndarray, X: np.ndarray) -> None:
+    """ours = M @ X by another summation order: |error| <= 2 n eps (|M| |X|) componentwise (n = inner size)."""
+    bound = 2 * M.shape[1] * EPS * (np.abs(M) @ np.abs(X))
+    assert np.all(np.abs(ours - M @ X) <= bound)
+
+
 @pytest.mark.parametrize("shapes", [[(3, 4), (2, 5)], [(4, 2), (3, 3), (2, 4)], [(5, 6)]])
 def test_kron_matvec_equals_numpy_kron(shapes):
     rng = np.random.default_rng(1)
@@ -30,8 +39,9 @@ def test_kron_matvec_equals_numpy_kron(shapes):
         K = np.kron(K, M)
     v = rng.standard_normal(K.shape[1])
     V = rng.standard_normal((K.shape[1], 3))
-    np.testing.assert_allclose(kron_matvec(mats, v), K @ v, rtol=1e-12, atol=1e-12)
-    np.testing.assert_allclose(kron_matvec(mats, V), K @ V, rtol=1e-12, atol=1e-12)
+    # random signs cancel, so entries can be near 0: compared componentwise against the sum's error bound
+    assert_products_close(kron_matvec(mats, v), K, v)
+    assert_products_close(kron_matvec(mats, V), K, V)
 
 
 def test_kron_matvec_rejects_wrong_length():
@@ -60,13 +70,20 @@ def test_implicit_matches_dense(pair):
     rng = np.random.default_rng(0)
     v = rng.standard_normal(dense.n)
     V = rng.standard_normal((dense.n, 2))
-    np.testing.assert_allclose(imp.gram_matvec(v), G @ v, rtol=1e-10, atol=1e-9)
-    np.testing.assert_allclose(imp.gram_matvec(V), G @ V, rtol=1e-10, atol=1e-9)
-    np.testing.assert_allclose(imp.gram(), G, rtol=1e-12, atol=1e-12)
+    assert_products_close(imp.gram_matvec(v), G, v)
+    assert_products_close(imp.gram_matvec(V), G, V)
+    # integer Grams scaled by 1, 2.5^2, 3^2, 0.5^2: every entry exact in floating point, in any order
+    np.testing.assert_array_equal(imp.gram(), G)
+    # a sum of <= 60 exact terms by a closed form: a few ulps
     assert imp.frobenius_sq() == pytest.approx(float(np.trace(G)), rel=1e-12)
     x = rng.integers(0, 9, dense.n).astype(float)
+    # integer data through integer/dyadic rows: exact in either order (atol for safety only, << 1)
     np.testing.assert_allclose(imp.matvec(x), dense.sparse() @ x, rtol=1e-12, atol=1e-9)
     if not isinstance(imp, UnionWorkload):
+        # Two routes to the SVD bound (the factors' Gram eigenvalues vs W's singular values), each
+        # rounded downwards. On these rank-deficient products the Gram route can only place a null
+        # singular value to sqrt(n eps) of the largest (the square root of an eigenvalue known to
+        # n eps ||G||), ~1e-7 relative at n <= 60, which the library's lowering absorbs: 1e-7.
         assert imp.svd_bound() == pytest.approx(svd_bound(dense), rel=1e-7)
 
 
@@ -74,7 +91,11 @@ def test_svd_bound_of_kron_is_product_of_factors():
     """Singular values of a Kronecker product are products, so SVDB(W1 x W2) = SVDB(W1) SVDB(W2)."""
     W1, W2 = AllRange(7), Prefix(5)
     prod = svd_bound(W1) * svd_bound(W2)
+    # Full-rank factors (n <= 7): each factor's bound is good to ~ n eps sqrt(cond) < 1e-13 whichever
+    # route computes it; the product of two such bounds: 1e-12.
     assert KronWorkload([W1, W2]).svd_bound() == pytest.approx(prod, rel=1e-12)
+    # the dense 35-cell product from its own SVD, lowered by that SVD's round-off bound (a small multiple
+    # of n^2 eps ~ 3e-13 relative): 1e-9
     assert svd_bound(Kron([W1, W2])) == pytest.approx(prod, rel=1e-9)
 
 
@@ -84,7 +105,8 @@ def test_marginal_spectrum_is_exact():
     dense_eigs = np.sort(np.linalg.eigvalsh(w.dense().gram()))
     ours = np.sort(np.repeat(w.scaled_eigenvalues * 24, w.multiplicities.astype(int)))
     ours = np.concatenate([np.zeros(24 - ours.size), ours])
-    np.testing.assert_allclose(ours, dense_eigs, atol=1e-9)
+    # eigvalsh at n = 24 with ||G|| = 16.5: each eigenvalue to ~ n eps ||G|| ~ 1e-13
+    np.testing.assert_allclose(ours, dense_eigs, atol=1e-11)
 
 
 def test_large_workloads_never_densify():
@@ -93,11 +115,15 @@ def test_large_workloads_never_densify():
     with pytest.raises(WorkloadTooLargeError):
         w.gram()
     # Li and Miklau's closed forms through the factors stay cheap
-    assert w.frobenius_sq() == pytest.approx(float(np.trace(AllRange(256).gram())) ** 2)
+    # trace(G_AllRange(256)) = 2.8e6 is an integer and its square (8e12) is below 2^53: exact, but allow
+    # the product to be formed in another order (an ulp)
+    assert w.frobenius_sq() == pytest.approx(float(np.trace(AllRange(256).gram())) ** 2, rel=1e-15)
     adult_like = MarginalsWorkload([85, 9, 100, 16, 7, 15, 6, 5, 2, 100, 100, 99, 42, 2], k=3)
     assert adult_like.n == math.prod([85, 9, 100, 16, 7, 15, 6, 5, 2, 100, 100, 99, 42, 2])
     assert len(adult_like.closure) == 1 + 14 + 91 + 364
-    assert adult_like.frobenius_sq() == pytest.approx(364 * float(adult_like.n))
+    # 364 marginals of ||W_A||_F^2 = n each (n ~ 1e19 > 2^53, so each term is already rounded): a 364-term
+    # sum carries <= 364 eps relative
+    assert adult_like.frobenius_sq() == pytest.approx(364 * float(adult_like.n), rel=1e-13)
 
 
 def test_as_implicit_converts_dense_structures():
