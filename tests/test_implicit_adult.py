@@ -31,11 +31,13 @@ def test_adult_two_way_release_matches_expected_error():
     _, DOMAIN, CSV = _need_adult()
     w = marginals_workload(DOMAIN, 2)
     assert w.n_factors == 14 and len(w.subsets) == 91
-    assert w.n == pytest.approx(6.4e17, rel=0.01)
+    assert abs(w.n - 6.4e17) <= 0.05e17  # "6.4e17" to its printed digits
     priv = Privacy(1.0, 1e-6)
     sel = select_strategy(w, priv)
     assert sel.status == "optimal"
-    assert sel.error.total == pytest.approx(sel.bound, rel=1e-10)  # ResidualPlanner meets the SVD bound
+    # ResidualPlanner meets the SVD bound: two closed forms over the marginal algebra (hundreds of terms,
+    # a few hundred eps at most)
+    assert sel.error.total == pytest.approx(sel.bound, rel=1e-10)
     df = pd.read_csv(CSV)
     tables = table_counter(df, w.attribute_names, list(w.domain_sizes))
     # tables come straight from the DataFrame: check one against pandas groupby
@@ -45,8 +47,10 @@ def test_adult_two_way_release_matches_expected_error():
     assert all(t[a, s] == n for (a, s), n in g.items())
     noisy, rel = release(sel, w, tables, priv, np.random.default_rng(0))
     assert len(noisy) == 91 and noisy[0].shape == (85, 9)
-    # 148,137 noisy cells: the realised total squared error concentrates around its expectation
-    assert rel["realised_total_sq_error"] == pytest.approx(sel.error.total, rel=0.05)
+    # 148,137 noisy cells: the realised total squared error concentrates around its expectation. Its
+    # relative SD, over 30 seeds of this release, is 0.59%; 3% is 4 SDs with 25% allowed for the error of
+    # an SD estimated from 30 replications.
+    assert rel["realised_total_sq_error"] == pytest.approx(sel.error.total, rel=0.03)
 
 
 def test_adult_eps_dp_release():
@@ -57,7 +61,9 @@ def test_adult_eps_dp_release():
     df = pd.read_csv(CSV)
     tables = table_counter(df, w.attribute_names, list(w.domain_sizes))
     _, rel = release(sel, w, tables, priv, np.random.default_rng(1))
-    assert rel["realised_total_sq_error"] == pytest.approx(sel.error.total, rel=0.1)
+    # Laplace noise has heavier tails: the relative SD over 30 seeds is 1.0%; 5% is 4 SDs with 25% allowed
+    # for the error of the SD estimate
+    assert rel["realised_total_sq_error"] == pytest.approx(sel.error.total, rel=0.05)
 
 
 def test_table_counter_refuses_bad_codes():
@@ -99,11 +105,12 @@ def test_mechanism_record_has_the_shared_keys():
     rec = mech.record()
     assert set(ref) <= set(rec)
     assert rec["expected_total_error"] <= ref["expected_total_error"]
-    assert rec["ratio_to_bound"] >= 1 - 1e-12
+    assert rec["ratio_to_bound"] >= 1 - 1e-12  # an error over its lower bound, up to round-off
     x = np.arange(16.0)
     assert mech.answer(x, np.random.default_rng(0)).shape == (small.m,)
     marg = MarginalsWorkload([3, 4, 2], k=2)
     mm = HDMMMechanism().fit(marg, priv)
     strat, unit = residual_planner(marg)
-    assert mm.record()["expected_total_error"] == pytest.approx(unit * priv.variance_factor)
+    # the same closed form times the same factor, possibly in another order: a few ulps
+    assert mm.record()["expected_total_error"] == pytest.approx(unit * priv.variance_factor, rel=1e-12)
     assert mm.answer(np.ones(24), np.random.default_rng(0)).shape == (marg.m,)
