@@ -17,7 +17,10 @@ from dpopt.workloads import AllRange, Identity, Prefix, WidthK, WRange, WRelated
 from formulations import appendix_b, eigen_design, mm_approx, mm_pure, per_query
 from formulations.solve import FormulationError, solve
 
-AGREE_RTOL = 1e-4  # SCS (tightened) vs Clarabel, relative
+# SCS (tightened) vs Clarabel, relative: 100x the loosest stopping tolerance used below (1e-6). SCS's
+# eps bounds scaled primal/dual residuals and the gap, not the objective's relative error, which can be
+# two orders larger on badly scaled models (see SCS_TOL_CASE: 1.5e-4 off at eps = 1e-6).
+AGREE_RTOL = 1e-4
 # The tolerance Clarabel reaches on every model: below 1e-6 it stops with "insufficient progress"
 # (CVXPY: optimal_inaccurate) on some cut-laden mm_pure models, e.g. WRange(32, 16), pinned by
 # test_clarabel_stall_below_its_reached_tolerance_is_explicit; 1e-6 is still two orders tighter than
