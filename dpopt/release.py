@@ -10,6 +10,10 @@ mode is this module and nothing else:
   fine grid, so the floating-point attacks on naive samplers do not apply;
 - every release is charged to a ``PrivacyLedger`` *before* any noise is drawn; a release that would
   overspend raises ``BudgetExceededError``, charges nothing and releases nothing;
+- what is charged is what OpenDP certifies for the measurement that draws the noise (its own
+  privacy map, and for Gaussian noise its own zCDP to (eps, delta) conversion), never less than
+  what was requested; the Gaussian sigma is the smallest OpenDP certifies at the requested
+  (eps, delta), which is larger than the continuous Gaussian's exact calibration;
 - ``ledger_file(path)`` keeps the ledger in a JSON file shared by processes on one machine: an
   exclusive lock (flock on ``path.lock``) is held from read to write, and each charge is written
   atomically and fsynced before ``charge`` returns (write-ahead), so a crash at any instant can lose
@@ -33,6 +37,7 @@ counts, but it is outside OpenDP's proof.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -73,8 +78,7 @@ __all__ = [
     "LedgerFileError",
     "LedgerCorruptError",
     "require_opendp",
-    "secure_laplace",
-    "secure_gaussian",
+    "certified_gaussian_sigma",
     "gaussian_delta",
     "zcdp_to_dp_epsilon",
     "zcdp_budget",
@@ -146,18 +150,94 @@ def _gaussian_measurement(sigma: float) -> Any:
     return dp.m.make_gaussian(*space, scale=sigma)
 
 
-def secure_laplace(values: np.ndarray, scale: float) -> np.ndarray:
+# The two samplers below add noise without charging a ledger: they stay private to this module,
+# which draws release noise only inside ``release`` after the ledger has been charged.
+def _secure_laplace(values: np.ndarray, scale: float) -> np.ndarray:
     """values + Laplace(0, scale) noise per entry, drawn by OpenDP (shape of values, (r,))."""
     scale = _check_scale(scale, "Laplace scale")
     v = _values(values)
     return np.asarray(_laplace_measurement(scale)(v), dtype=float)
 
 
-def secure_gaussian(values: np.ndarray, sigma: float) -> np.ndarray:
+def _secure_gaussian(values: np.ndarray, sigma: float) -> np.ndarray:
     """values + N(0, sigma^2) noise per entry, drawn by OpenDP (shape of values, (r,))."""
     sigma = _check_scale(sigma, "Gaussian sigma")
     v = _values(values)
     return np.asarray(_gaussian_measurement(sigma)(v), dtype=float)
+
+
+# -- what OpenDP certifies ------------------------------------------------------------------------
+# Relative width of the bracket around the smallest sigma OpenDP certifies when the search stops;
+# the sigma returned is the bracket's upper end, which OpenDP has certified.
+SIGMA_RTOL = 1e-9
+
+
+def _gaussian_certificate(sigma: float, sens2: float, delta: float) -> tuple[Any, float, float]:
+    """(measurement, rho, epsilon) OpenDP proves for its Gaussian measurement of scale ``sigma``.
+
+    rho: the measurement's own privacy map at d_in = sens2 (zCDP, floats rounded to OpenDP's noise
+    lattice included).  epsilon: OpenDP's conversion of that guarantee to (epsilon, delta)-DP at
+    the given delta (make_zCDP_to_approxDP, then make_fix_delta).
+    """
+    dp = require_opendp()
+    meas = _gaussian_measurement(sigma)
+    rho = float(meas.map(sens2))
+    eps, fixed_delta = dp.c.make_fix_delta(dp.c.make_zCDP_to_approxDP(meas), delta).map(sens2)
+    if fixed_delta != delta:  # make_fix_delta reports the delta it was given
+        raise ReleaseUnavailableError(f"OpenDP fixed delta={fixed_delta!r}, not {delta!r}")
+    return meas, rho, float(eps)
+
+
+def certified_gaussian_sigma(sens2: float, epsilon: float, delta: float) -> float:
+    """Smallest Gaussian sigma (to relative SIGMA_RTOL) for which OpenDP certifies (epsilon, delta).
+
+    The oracle is OpenDP's own privacy map for the measurement release mode runs, converted to
+    (epsilon, delta) by OpenDP (``_gaussian_certificate``); the result is certified by it.  The
+    continuous Gaussian's exact calibration (Balle and Wang) would be smaller, but OpenDP does not
+    prove it for its measurement.  Bisection on log sigma, starting from the Bun-Steinke sigma
+    sens2 / sqrt(2 zcdp_budget(epsilon, delta)), which OpenDP's tighter conversion certifies.
+    """
+    sens2 = _check_scale(sens2, "L2 sensitivity")
+    if not (math.isfinite(epsilon) and epsilon > 0) or not 0 < delta < 1:
+        raise ValueError(f"need epsilon > 0 and 0 < delta < 1, got {epsilon}, {delta}")
+    return _certified_gaussian_sigma(sens2, float(epsilon), float(delta))
+
+
+@functools.lru_cache(maxsize=256)
+def _certified_gaussian_sigma(sens2: float, epsilon: float, delta: float) -> float:
+    """certified_gaussian_sigma without validation, cached: each search asks OpenDP ~30 times
+    (about 10 ms each), and repeated releases of one strategy ask the same question."""
+    dp = require_opendp()
+
+    def certified(sigma: float) -> bool:
+        try:
+            return _gaussian_certificate(sigma, sens2, delta)[2] <= epsilon
+        except dp.OpenDPException:  # e.g. e^eps overflows for a tiny sigma: nothing certified
+            return False
+
+    hi = sens2 / math.sqrt(2.0 * zcdp_budget(epsilon, delta))
+    for _ in range(64):
+        if certified(hi):
+            break
+        hi *= 2.0
+    else:
+        raise ReleaseUnavailableError(f"OpenDP certifies (eps={epsilon}, delta={delta}) for no "
+                                      f"Gaussian sigma up to {hi:g}; nothing released")
+    lo = hi / 2.0
+    for _ in range(64):
+        if not certified(lo):
+            break
+        hi, lo = lo, lo / 2.0
+    else:
+        raise ReleaseUnavailableError(f"OpenDP certifies (eps={epsilon}, delta={delta}) for every "
+                                      f"sigma down to {lo:g}; its privacy map is not usable here")
+    while hi > lo * (1.0 + SIGMA_RTOL):
+        mid = math.sqrt(lo * hi)
+        if certified(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
 
 
 # -- privacy arithmetic ---------------------------------------------------------------------------
@@ -165,7 +245,8 @@ def gaussian_delta(sigma: float, sens2: float, epsilon: float) -> float:
     """Exact delta of the Gaussian mechanism at epsilon (Balle and Wang, ICML 2018, Thm. 8).
 
     delta = Phi(D/(2 s) - eps s/D) - e^eps Phi(-D/(2 s) - eps s/D), D = sens2, s = sigma; computed
-    in log space.  Used to verify, for the sigma actually drawn, the (eps, delta) a release claims.
+    in log space.  This is the continuous Gaussian's guarantee; release mode charges what OpenDP
+    certifies for its own measurement instead (``certified_gaussian_sigma``), a larger sigma.
     """
     a = sens2 / (2.0 * sigma) - epsilon * sigma / sens2
     b = -sens2 / (2.0 * sigma) - epsilon * sigma / sens2
@@ -633,23 +714,27 @@ def ledger_file(
 
 # -- release --------------------------------------------------------------------------------------
 def _noise_plan(strategy: Any, privacy: Privacy) -> tuple[str, float, float, Charge, Any]:
-    """(noise, sensitivity, scale, charge, OpenDP measurement) for one release; verifies privacy.
+    """(noise, sensitivity, scale, charge, OpenDP measurement) for one release.
 
-    Laplace: scale b = sens1(A)/eps; OpenDP's certified epsilon at d_in = sens1 must not exceed
-    eps.  Gaussian: sigma = privacy's calibrated sigma for sens2(A); the exact Gaussian delta at
-    eps (Balle-Wang) for that sigma must not exceed delta, whatever calibration produced it.
+    What is charged is what OpenDP certifies for the measurement that draws the noise, never less
+    than what was requested.  Laplace: scale b = sens1(A)/eps; OpenDP's epsilon at d_in = sens1
+    must not exceed eps (beyond the float slack BUDGET_RTOL); charged max(certified, eps), rho
+    eps^2 / 2.  Gaussian: sigma is the smallest OpenDP certifies at (eps, delta) for sens2(A)
+    (``certified_gaussian_sigma``; the Privacy's calibration is not used, it only models error in
+    research mode); charged (max(certified eps at delta, eps), delta) and OpenDP's rho.
     """
     eps, delta = float(privacy.epsilon), float(privacy.delta)
     if not (math.isfinite(eps) and eps > 0):
         raise ValueError(f"epsilon must be a finite number > 0, got {eps}")
     if not (math.isfinite(delta) and 0 <= delta < 1):
         raise ValueError(f"delta must lie in [0, 1), got {delta}")
+    slack = eps * BUDGET_RTOL + 4 * np.finfo(float).eps * eps
     if delta == 0:
         sens = float(strategy.sens1)
         scale = sens / eps
         meas = _laplace_measurement(scale)
         certified = float(meas.map(sens))
-        if certified > eps * (1 + BUDGET_RTOL) + 4 * np.finfo(float).eps * eps:
+        if certified > eps + slack:
             raise ReleaseUnavailableError(
                 f"OpenDP certifies eps={certified!r} for Laplace scale {scale!r} and sensitivity "
                 f"{sens!r}, more than the requested eps={eps!r}; nothing released"
@@ -657,17 +742,14 @@ def _noise_plan(strategy: Any, privacy: Privacy) -> tuple[str, float, float, Cha
         eps_charged = max(certified, eps)
         return "laplace", sens, scale, Charge(eps_charged, 0.0, eps_charged**2 / 2, "laplace"), meas
     sens = float(strategy.sens2)
-    sigma = float(privacy.noise_scale(sens))
-    actual = gaussian_delta(sigma, sens, eps)
-    if actual > delta * (1 + 1e-9):
-        raise ValueError(
-            f"Gaussian sigma={sigma:.6g} for sens2={sens:.6g} gives delta={actual:.3g} at "
-            f"eps={eps:g}, more than the requested delta={delta:g} (the {privacy.calibration!r} "
-            "calibration is only valid for eps <= 1); use Privacy(..., calibration='analytic')"
+    sigma = certified_gaussian_sigma(sens, eps, delta)
+    meas, rho, certified = _gaussian_certificate(sigma, sens, delta)
+    if certified > eps + slack:  # certified_gaussian_sigma returns a certified sigma
+        raise ReleaseUnavailableError(
+            f"OpenDP certifies eps={certified!r} at delta={delta!r} for Gaussian sigma {sigma!r} "
+            f"and sensitivity {sens!r}, more than the requested eps={eps!r}; nothing released"
         )
-    meas = _gaussian_measurement(sigma)
-    rho = float(meas.map(sens))
-    return "gaussian", sens, sigma, Charge(eps, delta, rho, "gaussian"), meas
+    return "gaussian", sens, sigma, Charge(max(certified, eps), delta, rho, "gaussian"), meas
 
 
 def _check_release_domain(workload: Any, domain: Any | None) -> None:
@@ -719,8 +801,10 @@ def release(
     cannot show which domain it came from, so release refuses to guess.
 
     Returns a DataFrame with one row per query: query, answer, std (standard deviation of that
-    answer's noise), noise ("laplace"/"gaussian"), noise_scale (Laplace b = sens1/eps or Gaussian
-    sigma, per measurement), mode ("release"), mechanism, epsilon, delta.
+    answer's noise, from the scale actually drawn), noise ("laplace"/"gaussian"), noise_scale
+    (per measurement: Laplace b = sens1/eps, or the Gaussian sigma OpenDP certifies at (epsilon,
+    delta) for sens2), mode ("release"), mechanism, epsilon, delta (requested; the ledger holds
+    the charge).
     """
     for attr in ("strategy_", "privacy_", "workload_"):
         if not hasattr(mechanism_fitted, attr):
