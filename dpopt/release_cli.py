@@ -71,13 +71,17 @@ workload SPEC (';'-separated parts, answered together):
   e.g.  --workload "marginal:sex;predicate:age=20..29&sex=Female;range:age"
 
 output CSV columns: query, answer, std (noise std of that answer), noise (laplace|gaussian),
-noise_scale (per measurement: b = sens1/eps or sigma), mode (=release), mechanism, epsilon, delta.
+noise_scale (per measurement: b = sens1/eps, or the smallest sigma OpenDP certifies at
+(eps, delta)), mode (=release), mechanism, epsilon, delta.
 
 privacy: --delta 0 (default) gives eps-DP with Laplace noise; --delta > 0 gives (eps, delta)-DP with
-Gaussian noise.  --ledger FILE keeps the budget across runs: created with --budget-epsilon/
---budget-delta (default: this release's eps, delta), charged on every release, never overspent.
-Concurrent runs on one machine take turns (lock file FILE.lock); each charge is written to FILE
-before any noise is drawn; a corrupt or inconsistent FILE is refused, never replaced.
+Gaussian noise.  What is charged is what OpenDP certifies for the noise drawn, never less than
+asked.  Without --ledger the release is not tracked across runs: nothing records it, each run
+spends its (eps, delta) again, and stderr says so (even with --quiet).  --ledger FILE keeps the
+budget across runs: created with --budget-epsilon/--budget-delta/--accounting (default: this
+release's eps, delta; basic), charged on every release, never overspent; those three options need
+--ledger.  Concurrent runs on one machine take turns (lock file FILE.lock); each charge is written
+to FILE before any noise is drawn; a corrupt or inconsistent FILE is refused, never replaced.
 
 exit status: {EXIT_OK} answers written; {EXIT_BAD_INPUT} bad input (one-line reason on stderr);
 {EXIT_BUDGET} privacy budget exceeded (nothing released); {EXIT_UNAVAILABLE} OpenDP unavailable.
@@ -237,7 +241,8 @@ def add_answer_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--delta", metavar="D", type=float, default=0.0,
                    help="privacy parameter delta in [0, 1); 0 (default) means Laplace noise")
     p.add_argument("--calibration", choices=("classic", "analytic"), default="analytic",
-                   help="Gaussian noise calibration when delta > 0 (default: analytic)")
+                   help="Gaussian error model of the fit when delta > 0 (default: analytic); "
+                        "the noise drawn uses the smallest sigma OpenDP certifies")
     p.add_argument("--mechanism", metavar="NAME", default="identity",
                    help="strategy selection: a name from dpopt's mechanism registry "
                         "(default: identity)")
@@ -246,7 +251,8 @@ def add_answer_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--on-invalid", choices=("error", "drop"), default="error",
                    help="rows with missing or out-of-domain values: stop (default) or drop them")
     p.add_argument("--ledger", metavar="FILE.json",
-                   help="privacy budget file kept across runs (created if absent)")
+                   help="privacy budget file kept across runs (created if absent); without it "
+                        "the release is not tracked across runs")
     p.add_argument("--budget-epsilon", type=float, metavar="E",
                    help="total epsilon of a new ledger (default: --epsilon)")
     p.add_argument("--budget-delta", type=float, metavar="D",
@@ -254,7 +260,8 @@ def add_answer_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--accounting", choices=("basic", "zcdp"), default=None,
                    help="composition rule of a new ledger (default: basic); an existing ledger "
                         "keeps its own")
-    p.add_argument("--quiet", action="store_true", help="no progress messages on stderr")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress messages on stderr (the not-tracked warning stays)")
     p.set_defaults(func=answer_command)
     return p
 
@@ -296,17 +303,27 @@ def _ledger_create(args: argparse.Namespace) -> tuple[float, float, Any]:
 
 
 def _check_ledger_early(args: argparse.Namespace) -> None:
-    """Refuse a bad --ledger (directory, corrupt, other totals) before the fit; read-only."""
+    """Refuse a bad --ledger (directory, corrupt, other totals) before the fit; read-only.
+
+    Without --ledger, refuse the options that describe a ledger: nothing would keep that budget.
+    """
     from dpopt.release import PrivacyLedger, read_ledger
 
     if args.ledger is None:
+        given = [flag for flag, value in (("--budget-epsilon", args.budget_epsilon),
+                                          ("--budget-delta", args.budget_delta),
+                                          ("--accounting", args.accounting)) if value is not None]
+        if given:
+            raise CliError(f"{', '.join(given)} need{'s' if len(given) == 1 else ''} --ledger "
+                           "FILE: the budget they set lives in that file (without --ledger "
+                           "nothing is tracked across runs)")
         return
     if read_ledger(args.ledger, _ledger_expect(args)) is None:
         PrivacyLedger(*_ledger_create(args))  # validates the totals of the ledger to be created
 
 
 def _release(args: argparse.Namespace, mech: Any, x: Any, dom: Domain) -> tuple[Any, Any]:
-    """Release through the ledger (the locked --ledger file, else a one-run ledger)."""
+    """Release through the ledger (the locked --ledger file, else a ledger for this run only)."""
     from dpopt.release import PrivacyLedger, ledger_file, release
 
     if args.ledger is None:
@@ -376,9 +393,17 @@ def answer_command(args: argparse.Namespace) -> int:
               "to the ledger)", file=sys.stderr)
         return EXIT_BAD_INPUT
     _pause_point("answers-written")
+    charge = ledger.history[-1]
+    spent = f"eps={charge.epsilon:.6g}, delta={charge.delta:.3g} (rho={charge.rho:.6g})"
+    if args.ledger is None:
+        _say(args, f"released {len(answers)} answers (mode=release) to {args.out}")
+        print(f"dpopt answer: this release spent {spent} and is not tracked across runs: nothing "
+              "records it, and running again spends again; pass --ledger FILE to keep a privacy "
+              "budget across runs", file=sys.stderr, flush=True)
+        return EXIT_OK
     rem = ledger.remaining()
-    _say(args, f"released {len(answers)} answers (mode=release) to {args.out}; budget left: "
-               f"eps={rem['epsilon']:.6g}, delta={rem['delta']:.3g}"
+    _say(args, f"released {len(answers)} answers (mode=release) to {args.out}; charged {spent} "
+               f"to {args.ledger}; budget left: eps={rem['epsilon']:.6g}, delta={rem['delta']:.3g}"
                + (f" (rho={rem['rho']:.6g})" if math.isfinite(rem["rho"]) else ""))
     return EXIT_OK
 

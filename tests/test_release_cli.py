@@ -180,5 +180,51 @@ def test_help_is_complete(capsys) -> None:
         main(["answer", "--help"])
     assert exc.value.code == 0
     text = capsys.readouterr().out
-    for needle in ("domain SPEC", "workload SPEC", "exit status", "--ledger", "mode (=release)"):
+    for needle in ("domain SPEC", "workload SPEC", "exit status", "--ledger", "mode (=release)",
+                   "not tracked across runs", "OpenDP certifies"):
         assert needle in text
+
+
+NOT_TRACKED = "is not tracked across runs"
+
+
+def test_release_without_ledger_says_it_is_not_tracked(capsys, tmp_path: Path) -> None:
+    # Two runs without --ledger both release: nothing tracks them, and stderr says so instead of
+    # reporting a "budget left" that no later run would see (also under --quiet, as a warning).
+    for _ in range(2):
+        rc, _, err = _run(capsys, "--epsilon", "0.5", "--out", str(tmp_path / "a.csv"))
+        assert rc == 0 and NOT_TRACKED in err and "--ledger FILE" in err
+        assert "budget left" not in err and "spent eps=0.5, delta=0" in err
+    # With --ledger the budget left is reported (progress messages on, no --quiet).
+    rc = main(["answer", "--epsilon", "0.5", "--out", str(tmp_path / "b.csv"), "--ledger",
+               str(tmp_path / "ledger.json"), "--budget-epsilon", "2"])
+    err = capsys.readouterr().err
+    assert rc == 0 and "budget left: eps=1.5, delta=0" in err and NOT_TRACKED not in err
+
+
+@pytest.mark.parametrize("flags", [["--budget-epsilon", "2"], ["--budget-delta", "1e-6"],
+                                   ["--accounting", "zcdp"]])
+def test_budget_options_need_a_ledger(capsys, tmp_path: Path, flags: list[str]) -> None:
+    out = tmp_path / "a.csv"
+    rc, stdout, err = _run(capsys, "--epsilon", "0.5", "--delta", "1e-6", "--out", str(out), *flags)
+    assert rc == 2 and stdout == "" and err.count("\n") == 1 and not out.exists()
+    assert f"{flags[0]} needs --ledger FILE" in err
+
+
+def test_cli_gaussian_charge_covers_opendp_certificate(capsys, tmp_path: Path) -> None:
+    # The identity strategy measures each cell once: sens2 = 1.  OpenDP's certificate for the
+    # sigma the output reports, recomputed here, must not exceed the eps charged to the ledger.
+    import opendp.prelude as dp
+
+    out, led = tmp_path / "a.csv", tmp_path / "ledger.json"
+    rc, _, err = _run(capsys, "--epsilon", "1", "--delta", "1e-6", "--mechanism", "identity",
+                      "--out", str(out), "--ledger", str(led))
+    assert rc == 0, err
+    sigma = float(pd.read_csv(out)["noise_scale"].iloc[0])
+    dp.enable_features("contrib")
+    space = dp.vector_domain(dp.atom_domain(T=float, nan=False)), dp.l2_distance(T=float)
+    meas = dp.m.make_gaussian(*space, scale=sigma)
+    certified = dp.c.make_zCDP_to_approxDP(meas).map(1.0).epsilon(1e-6)
+    (charge,) = json.loads(led.read_text())["history"]
+    assert charge["epsilon"] >= certified and charge["delta"] == 1e-6
+    assert charge["rho"] >= meas.map(1.0)
