@@ -249,6 +249,17 @@ def test_cli_ledger_path_that_is_a_directory(capsys, tmp_path: Path, table: Path
     assert sorted(tmp_path.iterdir()) == before and list(adir.iterdir()) == []
 
 
+def test_ledger_file_api_refuses_a_directory_and_leaves_nothing(tmp_path: Path) -> None:
+    adir = tmp_path / "adir"
+    adir.mkdir()
+    for use in (lambda: ledger_file(adir, create=(1.0, 0.0, "basic")).__enter__(),
+                lambda: read_ledger(adir)):
+        with pytest.raises(LedgerFileError, match="is a directory; expected the path of a JSON"):
+            use()
+    # No lock file, temp file or ledger beside it or inside it.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir"] and list(adir.iterdir()) == []
+
+
 # -- processes ------------------------------------------------------------------------------------
 def test_concurrent_cli_runs_never_overspend(tmp_path: Path, table: Path) -> None:
     n_procs, n_fit = 8, 3
