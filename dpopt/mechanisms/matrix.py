@@ -9,7 +9,13 @@ The strategy A is given (an ndarray, a sparse matrix or a `Strategy`) or selecte
 All three optimise the L2 (Gaussian) objective. Under (eps, delta)-DP the mechanism uses L2 sensitivity
 and Gaussian noise, and the selected strategy is the one the objective ranks. Under eps-DP it uses L1
 sensitivity and Laplace noise (the core's `Privacy` decides): the strategy is still valid, but it was not
-optimised for L1 sensitivity; `fit_info_.message` says so.
+optimised for L1 sensitivity, and `fit_info_.status` says so ("converged (L2 objective, not optimised for
+eps-DP)"). The L2 optimum can then lose to noise on data: on Adult's age x sex marginal plus the age
+ranges (3825 x 170) its eps-DP mean variance is 353.7 / eps^2 against identity's 110.9 / eps^2. With
+`identity_fallback` (the default for "optimal") the identity strategy A = I is a second candidate under
+eps-DP, the one with the smaller exact eps-DP error is returned, and the status names it
+("...; identity returned: ..."). The eigen design and the Appendix B solver keep their own strategy by
+default: they reproduce named designs (seed 004's Table 2, the MM baseline of seeds 000 and 001).
 
 A strategy Gram X = A^T A determines the (eps, delta) error; under eps-DP the factor A matters through
 sens1(A). `factor="auto"` uses the Cholesky factor under (eps, delta) and, under eps-DP, the factor with
@@ -37,11 +43,13 @@ import scipy.linalg as sla
 import scipy.sparse as sp
 from scipy.optimize import lsq_linear, nnls
 
+from dpopt.baselines import identity_strategy
+from dpopt.error import expected_error
 from dpopt.mechanisms.base import Mechanism, MechanismError, Selection
 from dpopt.mechanisms.convergence import check_policy, solver_status
 from dpopt.privacy import Privacy
 from dpopt.solvers.result import CONVERGED, MAX_ITER, SolverResult
-from dpopt.strategy import RANK_RTOL, Strategy
+from dpopt.strategy import RANK_RTOL, Strategy, StrategyError
 from dpopt.validation import check_finite_vector
 from dpopt.workloads import Workload
 
@@ -156,6 +164,7 @@ class MatrixMechanism(Mechanism):
         solver_options: dict[str, Any] | None = None,
         on_unconverged: str = "warn",
         complete: bool | None = None,
+        identity_fallback: bool | None = None,
     ) -> None:
         if isinstance(strategy, str):
             if strategy not in STRATEGY_KINDS:
@@ -182,6 +191,14 @@ class MatrixMechanism(Mechanism):
             raise ValueError(f"{self.short_name}: complete=True applies to the eigen-design strategy only")
         # default: complete the eigen design (Li and Miklau), leave the other kinds as their solvers chose
         self.complete = bool(strategy == "eigen" if complete is None else complete)
+        if identity_fallback not in (None, True, False):
+            raise ValueError(
+                f"{self.short_name}: identity_fallback must be True, False or None, got {identity_fallback!r}"
+            )
+        if identity_fallback and not isinstance(strategy, str):
+            raise ValueError(f"{self.short_name}: identity_fallback applies to a selected strategy, not a given one")
+        # default: under eps-DP the convex (eps, delta) optimum competes with identity; the named designs do not
+        self.identity_fallback = bool(strategy == "optimal" if identity_fallback is None else identity_fallback)
 
     # -- selection ---------------------------------------------------------------------------------
     def _select(self, workload: Workload, privacy: Privacy) -> Selection:
@@ -207,11 +224,18 @@ class MatrixMechanism(Mechanism):
             Xk, completed = complete_gram(Xk, G, self.factor, privacy)
         X[np.ix_(kept, kept)] = Xk
         A, used = factor_gram(X, self.factor, privacy)
+        chosen = Strategy(A, name=str(self.strategy))
+        eps_dp_errors: dict[str, float] = {}
         if privacy.is_pure:
+            status = f"{status} (L2 objective, not optimised for eps-DP)"
             message = (
                 f"{message}; selected for L2 sensitivity (the (eps, delta) objective) and evaluated under "
                 "eps-DP with L1 sensitivity and Laplace noise: valid, not optimised for eps-DP"
             ).lstrip("; ")
+            if self.identity_fallback:
+                chosen, status, message, eps_dp_errors = self._better_than_identity(
+                    chosen, workload, privacy, status, message
+                )
         extra: dict[str, Any] = {
             "factor": used,
             "kind": self.strategy,
@@ -223,9 +247,12 @@ class MatrixMechanism(Mechanism):
             # in the units of workload.gram(): times P(eps, delta), a lower bound on the Gaussian error.
             "unit_lower_bound": None if result.dual_bound is None else float(result.dual_bound) * scale,
             "solver_wall_seconds": float(result.wall_seconds),
+            # eps-DP only, with identity_fallback: exact total error of each candidate, and the one returned
+            "eps_dp_candidate_errors": eps_dp_errors,
+            "returned": chosen.name,
         }
         return Selection(
-            Strategy(A, name=str(self.strategy)),
+            chosen,
             solver=solver_name,
             status=status,
             iterations=int(result.nit),
@@ -233,6 +260,32 @@ class MatrixMechanism(Mechanism):
             message=message,
             extra=extra,
         )
+
+    def _better_than_identity(
+        self, selected: Strategy, workload: Workload, privacy: Privacy, status: str, message: str
+    ) -> tuple[Strategy, str, str, dict[str, float]]:
+        """Under eps-DP, the selected strategy or the identity A = I, whichever has the smaller exact error.
+
+        Both errors come from `dpopt.error.expected_error`, the function `fit` reports, so the returned
+        strategy's error is never above identity's. Ties keep the selected strategy. A selected strategy
+        that does not support the workload is left to `fit`, which refuses it.
+        """
+        ident = identity_strategy(workload.n)
+        try:
+            e_sel = expected_error(selected, workload, privacy, rtol=self.support_rtol).total
+        except StrategyError:
+            return selected, status, message, {}
+        e_id = expected_error(ident, workload, privacy, rtol=self.support_rtol).total
+        errors = {str(self.strategy): float(e_sel), "identity": float(e_id)}
+        if e_id < e_sel:
+            status = f"{status}; identity returned: lower eps-DP error"
+            message = (
+                f"{message}; under eps-DP the L2-optimal strategy's error {e_sel:.6g} exceeds identity's "
+                f"{e_id:.6g} (noise on data), so identity is returned"
+            )
+            return ident, status, message, errors
+        message = f"{message}; its eps-DP error {e_sel:.6g} is at most identity's {e_id:.6g}"
+        return selected, status, message, errors
 
     def _run_solver(self, G: np.ndarray, workload: Workload) -> tuple[SolverResult, str, str]:
         """Run the hand-written solver or the CVXPY model for self.strategy on the normalised Gram G.
