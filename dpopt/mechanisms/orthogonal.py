@@ -10,6 +10,23 @@ Choices (the paper leaves them open; the solver module documents each in detail)
 - Algorithm 3: B is solved block by block (exact W = B W~ even for sub-domains with several queries).
 Under (eps, delta)-DP the same decomposition is answered with Gaussian noise scaled to the L2
 sensitivity of W~ (valid, but the paper's construction targets the L1 sensitivity).
+
+What the algorithm gives (checked against Algorithms 1-3 and Theorem 5 written out independently in
+tests/test_om_paper.py; these are the algorithm's outcomes, not defects of this implementation):
+- When every sub-domain's selected rows span all of its cells, W~ is the identity (up to row order) and
+  B = W with its columns in that order (Corollary 1: B is unique), so OM *is* noise on data, error
+  2 ||W||_F^2 / eps^2 to the last digit. A sub-domain of one cell always is spanned, and the paper's
+  own workloads have only those: Example 1 (W~ a permutation matrix), and W_tau at the paper's sizes,
+  where r = rank(W) rows give 2^r support patterns for n cells (tau = 0.2, 0.4, 0.8 at m = 50 or 200
+  and n = 1000 or 2500: n singleton sub-domains every time), so in `dpopt reproduce om-fig*` OM's
+  curve is noise on data's. Status: "exact: equals noise on data (W~ = I)".
+- When a sub-domain has fewer independent selected rows than cells (a dense W of rank r < n is one
+  sub-domain of all n cells), line 17 builds W~ from the r selected rows themselves, and B = W W~^+
+  inherits the conditioning of the rows that line 1 happened to draw. On wrelated:64x128:s=13 (eps =
+  0.1) that is 8.02e9 total, 7.9x noise on queries and 374x identity's 2.14e7; the draw alone moves it
+  from 1.7e9 (input order) to 2.0e11 (seed 1). basis="orthonormal" (rows of an orthonormal basis of
+  the same span) gives 4.2e7 there, still above identity. Status: "exact: W~ holds selected rows of W
+  on k cells (error set by the rows drawn)".
 """
 
 from __future__ import annotations
@@ -20,12 +37,38 @@ import numpy as np
 
 from dpopt.mechanisms.base import Mechanism, MechanismError, Selection
 from dpopt.privacy import Privacy
-from dpopt.solvers.orthogonal import _BASES, om_expected_error, orthogonal_strategy
+from dpopt.solvers.orthogonal import _BASES, OMStrategy, om_expected_error, orthogonal_strategy
 from dpopt.strategy import Strategy
 from dpopt.workloads import Workload, WorkloadTooLargeError
 
 # Theorem 5 and the core's expected error are the same formula; they must agree to rounding.
 THEOREM5_RTOL = 1e-9
+
+
+def _describe(om: OMStrategy) -> tuple[str, str]:
+    """Status and message of a decomposition: does W~ reduce to the identity (then OM is noise on data)?"""
+    unspanned = [D_j for D_j, rows_j in zip(om.subdomains, om.blocks, strict=True) if rows_j.size < D_j.size]
+    W_t = om.W_tilde
+    unit_rows = bool(np.all(np.count_nonzero(W_t, axis=1) == 1) and np.all(W_t[W_t != 0] == 1.0))
+    if unit_rows:
+        return (
+            "exact: equals noise on data (W~ = I)",
+            "Algorithms 2-3 (exact W = B W~); every sub-domain's selected rows span all its cells, so W~ is "
+            "the identity on the measured cells and B = W: the error is noise on data's, 2 ||W||_F^2 / eps^2",
+        )
+    cells = int(sum(D_j.size for D_j in unspanned))
+    if not unspanned:  # spanned everywhere, but a basis other than "auto" kept rows of W
+        return (
+            f"exact: W~ holds {om.diagnostics['basis']}-basis queries, not I",
+            "Algorithms 2-3 (exact W = B W~); every sub-domain is spanned, but the chosen basis does not "
+            "use the unit queries, so the error differs from noise on data",
+        )
+    return (
+        f"exact: W~ holds selected rows of W on {cells} cells (error set by the rows drawn)",
+        f"Algorithms 2-3 (exact W = B W~); {len(unspanned)} sub-domain(s) with {cells} cells have fewer "
+        "independent selected rows than cells, so W~ is built from those rows (Algorithm 2, line 17) and "
+        "B = W W~^+ carries the conditioning of the rows drawn at random (line 1)",
+    )
 
 
 class OrthogonalMechanism(Mechanism):
@@ -75,13 +118,13 @@ class OrthogonalMechanism(Mechanism):
             "uncovered_cells": int(len(uncovered)),
             "subdomain_sizes": [int(d.size) for d in om.subdomains],
         }
-        message = "Algorithms 2-3 (exact W = B W~)"
+        status, message = _describe(om)
         if not privacy.is_pure:
             message += "; Gaussian noise on W~ scaled to its L2 sensitivity (the paper uses Laplace)"
         return Selection(
             Strategy(om.W_tilde, B=om.B, name="om"),
             solver="om-greedy",
-            status="exact",
+            status=status,
             iterations=int(diag["n_subdomains"]),
             message=message,
             extra=extra,
