@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import inspect
 import math
+import numbers
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
@@ -50,6 +54,85 @@ class Selection:
     gap: float | None = None
     message: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+ProgressSink = Callable[[dict[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class FitBudget:
+    """What one fit may spend: wall-clock seconds for the strategy selection, and where progress goes.
+
+    time_limit counts from the start of the strategy selection; None means no limit. progress, when set, is
+    called after each iteration of an iterative solver with a dict holding `iteration` and, when the
+    solver reports them, `gap` (certified relative duality gap), `residual` (relative) and `stage`.
+    """
+
+    time_limit: float | None = None
+    progress: ProgressSink | None = None
+
+
+# The budget of the fits running in this context (see `fit_budget`).
+_BUDGET: ContextVar[FitBudget] = ContextVar("dpopt_fit_budget", default=FitBudget())
+# A solver handed a budget already spent still gets this many seconds: it stops after its first
+# iteration, with the start (a valid strategy for every solver here) or one step from it.
+MIN_SOLVER_SECONDS = 1e-3
+
+
+def check_time_limit(time_limit: Any) -> float | None:
+    """time_limit as a float of seconds > 0, or None; anything else raises ValueError."""
+    if time_limit is None:
+        return None
+    if isinstance(time_limit, bool) or not isinstance(time_limit, numbers.Real) or not (
+        math.isfinite(time_limit) and time_limit > 0
+    ):
+        raise ValueError(f"time_limit must be None or a finite number of seconds > 0; got {time_limit!r}")
+    return float(time_limit)
+
+
+@contextmanager
+def fit_budget(time_limit: float | None = None, progress: ProgressSink | None = None) -> Iterator[FitBudget]:
+    """Within the block, every `Mechanism.fit` gets `time_limit` seconds and reports to `progress`.
+
+    A mechanism whose fit overrides `Mechanism.fit` and calls it (or one registered without the
+    time_limit keyword) is budgeted through this context, so the budget reaches every mechanism.
+    """
+    budget = FitBudget(check_time_limit(time_limit), progress)
+    token = _BUDGET.set(budget)
+    try:
+        yield budget
+    finally:
+        _BUDGET.reset(token)
+
+
+def current_budget() -> FitBudget:
+    """The budget of fits in the current context (no limit, no progress outside `fit_budget`)."""
+    return _BUDGET.get()
+
+
+def _progress_event(info: dict[str, Any]) -> dict[str, Any]:
+    """A solver callback's dict reduced to the solver-independent progress keys (see FitBudget)."""
+    out: dict[str, Any] = {}
+    it = info.get("nit", info.get("k"))
+    if isinstance(it, numbers.Integral):
+        out["iteration"] = int(it)
+    for key, name in (("gap", "gap"), ("rel_residual", "residual")):
+        val = info.get(key)
+        if isinstance(val, numbers.Real) and not isinstance(val, bool):
+            out[name] = float(val)
+    if isinstance(info.get("start"), str):
+        out["stage"] = info["start"]
+    return out
+
+
+def _solver_callback(progress: ProgressSink, user: Callable[[dict[str, Any]], Any] | None) -> Callable[[dict[str, Any]], Any]:
+    """A solver callback that reports progress and then defers to the caller's own callback (if any)."""
+
+    def callback(info: dict[str, Any]) -> Any:
+        progress(_progress_event(info))
+        return None if user is None else user(info)
+
+    return callback
 
 
 def lower_bound(workload: Workload, privacy: Privacy) -> float:
@@ -126,8 +209,48 @@ class Mechanism(ABC):
     short_name: ClassVar[str] = "mechanism"
     support_rtol: float = 1e-8
 
-    def fit(self, workload: Workload | np.ndarray, privacy: Privacy) -> Mechanism:
-        """Select the strategy for `workload` under `privacy`; checks support before returning."""
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A subclass `fit` without the budget keywords accepts them too: they reach it through `fit_budget`."""
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("fit")
+        if own is None or "time_limit" in inspect.signature(own).parameters:
+            return
+
+        @functools.wraps(own)
+        def fit(self: Mechanism, workload: Any, privacy: Any, *, time_limit: float | None = None,
+                progress: ProgressSink | None = None) -> Mechanism:
+            with self._budget_scope(time_limit, progress):
+                return own(self, workload, privacy)
+
+        sig = inspect.signature(own)
+        extra = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=ann)
+                 for name, ann in (("time_limit", "float | None"), ("progress", "ProgressSink | None"))]
+        fit.__signature__ = sig.replace(parameters=[*sig.parameters.values(), *extra])  # type: ignore[attr-defined]
+        cls.fit = fit  # type: ignore[method-assign]
+
+    @staticmethod
+    def _budget_scope(time_limit: float | None, progress: ProgressSink | None) -> Any:
+        """fit_budget(...) for explicit keywords (inheriting what is not given), else the current budget."""
+        if time_limit is None and progress is None:
+            return nullcontext(current_budget())
+        outer = current_budget()
+        return fit_budget(outer.time_limit if time_limit is None else time_limit,
+                          outer.progress if progress is None else progress)
+
+    def fit(self, workload: Workload | np.ndarray, privacy: Privacy, *, time_limit: float | None = None,
+            progress: ProgressSink | None = None) -> Mechanism:
+        """Select the strategy for `workload` under `privacy`; checks support before returning.
+
+        time_limit: wall-clock seconds for the selection (default: the enclosing `fit_budget`, else none).
+        An iterative solver that reaches it stops with its best iterate; the mechanism uses it if it
+        supports the workload (status 'time_limit: valid, not certified optimal', gap in `fit_info_`
+        when the solver certifies one) and raises MechanismError otherwise. progress: see FitBudget.
+        """
+        with self._budget_scope(time_limit, progress):
+            return self._fit(workload, privacy)
+
+    def _fit(self, workload: Workload | np.ndarray, privacy: Privacy) -> Mechanism:
+        """`fit` under the current budget."""
         workload = as_workload(workload)
         if not isinstance(privacy, Privacy):
             raise MechanismError(f"{self.short_name}: privacy must be a dpopt.privacy.Privacy")
@@ -168,16 +291,44 @@ class Mechanism(ABC):
 
     def _timed_select(self, workload: Workload, privacy: Privacy) -> tuple[Selection, float, float]:
         """`_select` with its wall and CPU seconds; inside `shared_selections()`, reused when already made."""
+        budget = current_budget()
         key = _selection_key(self, workload, privacy) if _SHARED is not None else None
+        if key is not None:
+            key = (*key, budget.time_limit)
         if key is not None and key in _SHARED:  # type: ignore[operator]
             sel, wall, cpu = _SHARED[key]  # type: ignore[index]
             return replace(sel, extra={**sel.extra, "selection_reused": True}), wall, cpu
         t0, c0 = time.perf_counter(), time.process_time()
-        sel = self._select(workload, privacy)
+        options = getattr(self, "solver_options", None)
+        if isinstance(options, dict) and (budget.time_limit is not None or budget.progress is not None):
+            self.solver_options = self._budgeted_options(options, budget, t0)
+        try:
+            sel = self._select(workload, privacy)
+        finally:
+            if isinstance(options, dict):
+                self.solver_options = options
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         if key is not None and _SHARED is not None:
             _SHARED[key] = (sel, wall, cpu)
         return sel, wall, cpu
+
+    def _budgeted_options(self, options: dict[str, Any], budget: FitBudget, t0: float) -> dict[str, Any]:
+        """`solver_options` with the budget added: how the budget reaches an optimising mechanism's solver.
+
+        A mechanism that keeps its solver's keywords in a `solver_options` dict and passes them to the
+        solver in `_select` (the matrix mechanisms, LRM) gets time_limit = the seconds left of the fit's
+        budget (at least MIN_SOLVER_SECONDS; a smaller time_limit of its own is kept), which every
+        solver here and CVXPY accept, and, unless `solver` names a CVXPY solver, a `callback` that
+        reports progress and then calls the caller's own callback.
+        """
+        out = dict(options)
+        if budget.time_limit is not None:
+            left = max(budget.time_limit - (time.perf_counter() - t0), MIN_SOLVER_SECONDS)
+            own = options.get("time_limit")
+            out["time_limit"] = left if own is None else min(float(own), left)
+        if budget.progress is not None and not str(getattr(self, "solver", "")).startswith("cvxpy"):
+            out["callback"] = _solver_callback(budget.progress, options.get("callback"))
+        return out
 
     @abstractmethod
     def _select(self, workload: Workload, privacy: Privacy) -> Selection:

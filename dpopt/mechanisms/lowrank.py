@@ -28,20 +28,27 @@ from __future__ import annotations
 
 import math
 import numbers
+import time
 from typing import Any
 
 import numpy as np
 
 from dpopt.bounds import svd_bound
 from dpopt.error import ErrorReport, expected_error
-from dpopt.mechanisms.base import Mechanism, MechanismError, Selection
+from dpopt.mechanisms.base import MIN_SOLVER_SECONDS, Mechanism, MechanismError, ProgressSink, Selection
 from dpopt.mechanisms.convergence import check_policy, solver_status
 from dpopt.privacy import Privacy
+from dpopt.solvers.result import TIME_LIMIT
 from dpopt.strategy import Strategy
 from dpopt.validation import check_finite_vector
 from dpopt.workloads import Workload, WorkloadTooLargeError, as_workload
 
 SOLVERS = ("alm", "cvxpy")
+# Under a time limit: seconds of work the limit does not cut, in units of one thin SVD of W (the
+# probe `_select` times anyway): measured 14 to 46 (load-dependent) with 1 BLAS thread, time limits
+# of 1e-3 s and 60 s, on
+# allrange:64, prefix:256 and allrange:256 (see _budgeted).
+FIXED_COST_SVDS = 25.0
 
 
 class LowRankMechanism(Mechanism):
@@ -97,7 +104,9 @@ class LowRankMechanism(Mechanism):
             raise MechanismError(f"lrm: cannot materialise workload {workload.name}: {exc}") from None
         from dpopt.solvers.lrm import default_rank, numerical_rank, solve_lrm
 
+        t0 = time.perf_counter()
         rank_w = numerical_rank(W)
+        t_svd = time.perf_counter() - t0  # one thin SVD of W: the unit of LRM's cost model below
         if rank_w == 0:
             raise MechanismError(f"lrm: workload {workload.name} is all zeros; nothing to answer")
         r = default_rank(W) if self.rank is None else self.rank
@@ -111,12 +120,17 @@ class LowRankMechanism(Mechanism):
                 "lrm: Formula (7) is bilinear in (B, L) and has no CVXPY model here; use solver='alm'"
             )
         opts = {"tol": self.tol, "max_outer": self.max_outer, **self.solver_options}
+        last: dict[str, np.ndarray] = {}
+        if opts.get("time_limit") is not None:
+            opts, last = self._budgeted(W, opts, t_svd, workload)
         try:
             res = solve_lrm(W, rank=r, gamma=self.gamma, seed=self.seed, **opts)
         except ValueError as exc:
             raise MechanismError(f"lrm: solver rejected workload {workload.name}: {exc}") from None
         status, message = solver_status(res, "lrm", self.on_unconverged)
         B, L = res.x
+        if last and res.status == TIME_LIMIT and res.extra.get("kept_start"):
+            B, L, message = self._best_valid(W, B, L, r, last, message)
         if not privacy.is_pure:
             message = (
                 f"{message}; L optimised for L1 sensitivity (Formula (7)), answered with Gaussian noise "
@@ -137,9 +151,86 @@ class LowRankMechanism(Mechanism):
             extra=extra,
         )
 
-    def fit(self, workload: Workload | np.ndarray, privacy: Privacy) -> LowRankMechanism:
-        """Select (B, L) and check support; for gamma > 0 the bound is that of the answered workload B L."""
-        super().fit(workload, privacy)
+    def _budgeted(
+        self, W: np.ndarray, opts: dict[str, Any], t_svd: float, workload: Workload
+    ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """Solver options under a time limit, and the dict in which the last ALM iterate is kept.
+
+        Work that the solver's time limit does not cut (its starts, the final polish of each start and
+        run, the support check and error) costs about FIXED_COST_SVDS thin SVDs of W (measured); the
+        solver gets the budget left after that reserve, and a budget smaller than the reserve is
+        refused as "would take about N s". Unless the caller set them: repair=False, because
+        `repair_pair` factors B (m x r) with a full m x m U, a cost the limit does not bound, and init
+        "svd" alone without random restarts (a capped run whose iterate misses the residual test then
+        returns its own start). `_best_valid` then compares that start with the last iterate and the
+        noise-on-data start.
+        """
+        limit = float(opts["time_limit"])
+        fixed = FIXED_COST_SVDS * t_svd
+        if fixed > limit:
+            raise MechanismError(
+                f"lrm: would take about {math.ceil(fixed)} s on {workload.name} ({W.shape[0]} x {W.shape[1]}: "
+                f"{FIXED_COST_SVDS:g} thin SVDs of W at {t_svd:.2g} s each before and after its iterations), "
+                f"more than the time limit of {limit:.3g} s (use --time-limit)"
+            )
+        user = self.solver_options
+        out = {**opts, "time_limit": max(limit - fixed, MIN_SOLVER_SECONDS)}
+        if "repair" not in user:
+            out["repair"] = False
+        if "init" not in user and "restarts" not in user:
+            out["init"], out["restarts"] = "svd", 0
+        last: dict[str, np.ndarray] = {}
+        inner = opts.get("callback")
+
+        def keep(info: dict[str, Any]) -> None:
+            last["L"] = info["L"]
+            if inner is not None:
+                inner(info)
+
+        out["callback"] = keep
+        return out, last
+
+    def _best_valid(
+        self, W: np.ndarray, B: np.ndarray, L: np.ndarray, r: int, last: dict[str, np.ndarray], message: str
+    ) -> tuple[np.ndarray, np.ndarray, str]:
+        """A capped solver's start (B, L), or a better valid pair at hand: the last iterate L, projected
+        and given B by `polish`, or (gamma = 0) the noise-on-data start `identity_start` (W = W I)."""
+        from dpopt.solvers.l1ball import project_l1_ball_columns
+        from dpopt.solvers.lrm import identity_start, polish
+
+        bound = self.gamma if self.gamma > 0 else self.tol * float(np.linalg.norm(W))
+
+        def factor(B: np.ndarray, L: np.ndarray) -> float:
+            """||B||_F^2 max_j ||L[:, j]||_1^2 (the error up to P), inf unless the pair is feasible."""
+            l1 = float(np.abs(L).sum(axis=0).max())
+            ok = float(np.linalg.norm(W - B @ L)) <= bound and l1 <= 1.0 + 1e-9
+            return float(np.vdot(B, B)) * l1 * l1 if ok else math.inf
+
+        best = (factor(B, L), B, L, "")
+        candidates = []
+        if "L" in last:
+            Lk = project_l1_ball_columns(np.asarray(last["L"], dtype=float))
+            candidates.append((polish(W, Lk, self.gamma, self.tol), Lk, "the last iterate, projected, with its B"))
+        start = identity_start(W, r) if self.gamma == 0 else None
+        if start is not None:
+            candidates.append((*start, "the noise-on-data start (identity_start)"))
+        for Bc, Lc, what in candidates:
+            f = factor(Bc, Lc)
+            if f < best[0]:
+                best = (f, Bc, Lc, what)
+        if best[3]:
+            message += f"; used instead, as the best valid pair at hand: {best[3]}"
+        return best[1], best[2], message
+
+    def fit(self, workload: Workload | np.ndarray, privacy: Privacy, *, time_limit: float | None = None,
+            progress: ProgressSink | None = None) -> LowRankMechanism:
+        """Select (B, L) and check support; for gamma > 0 the bound is that of the answered workload B L.
+
+        time_limit (seconds) reaches Algorithm 1 (`solve_lrm`): at the limit it returns its best feasible
+        decomposition so far, else its best feasible start (the SVD start is exact), with status
+        'time_limit: valid, not certified optimal'. progress: see `dpopt.mechanisms.base.FitBudget`.
+        """
+        super().fit(workload, privacy, time_limit=time_limit, progress=progress)
         if self.gamma > 0.0:
             B = np.asarray(self.strategy_.B)
             L = np.asarray(self.strategy_.A)

@@ -22,6 +22,26 @@ MECHANISMS: dict[str, str] = {
     "hdmm": "dpopt.implicit.mechanisms:HDMMMechanism",
 }
 
+# The order in which `dpopt compare` runs mechanisms, fastest first: the closed-form baselines, then the
+# convex and factored selections, then OM, LRM and the Appendix B solver.
+COST_ORDER: tuple[str, ...] = (
+    "laplace", "identity", "hierarchical", "wavelet", "eigen", "mm-optimal", "hdmm", "om", "lrm", "mm-appendix-b",
+)
+
+# Work of a budgeted matrix-mechanism fit that its time limit does not cut (eigendecompositions and
+# factorisations of n x n matrices before the first iteration and after the last, the support check and
+# the exact error), in units of one dense symmetric eigendecomposition of n x n. Measured with 1 BLAS
+# thread at time_limit=1e-3: eigen 15 (n = 1024) and 11 (n = 2048); mm-optimal 31 (n = 1024; its whole
+# converged fit took 12 at n = 2048); mm-appendix-b 55 (n = 1024) and 50 (n = 2048). LRM estimates its
+# own from one SVD of W (`dpopt.mechanisms.lowrank.FIXED_COST_SVDS`).
+FIXED_COST_EIGHS: dict[str, float] = {"eigen": 15.0, "mm-optimal": 31.0, "mm-appendix-b": 55.0}
+
+
+def by_cost(names: list[str]) -> list[str]:
+    """`names` in COST_ORDER (names it does not list keep their order, after the listed ones)."""
+    rank = {name: i for i, name in enumerate(COST_ORDER)}
+    return sorted(names, key=lambda name: rank.get(name, len(COST_ORDER)))
+
 
 def _load(name: str) -> Callable[..., Mechanism]:
     module, cls = MECHANISMS[name].split(":")

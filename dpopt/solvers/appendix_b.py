@@ -360,7 +360,9 @@ def solve_appendix_b(
     rank_tol : eigenvalues of G below rank_tol * its largest are treated as zero (null(G)).
     x0 : starting M (n x n symmetric positive definite); default the identity (noise on data); it is
         compressed to K = U^T x0 U, rescaled to trace n and projected onto C_k.
-    callback : called after each SPG iteration with a dict (k, f, pg_norm, M, mu).
+    callback : called after each SPG iteration with a dict (k, the stage's iteration; nit, over all
+        stages; f, pg_norm, M, mu; gap, the best certified relative gap so far, checked every
+        `check_every` iterations).
 
     Returns
     -------
@@ -453,8 +455,9 @@ def solve_appendix_b(
 
         cb = None
         if callback is not None:
-            def cb(info: dict[str, Any], mu_k: float = mu_k, scale: float = scale) -> None:
-                callback({**info, "f": info["f"] * scale, "M": sp.expand(info["M"]), "mu": mu_k})
+            def cb(info: dict[str, Any], mu_k: float = mu_k, scale: float = scale, done: int = nit) -> None:
+                callback({**info, "f": info["f"] * scale, "M": sp.expand(info["M"]), "mu": mu_k,
+                          "nit": done + info["k"], "gap": relative_gap(best["F"], best["LB"])})
         out = spg(K, evaluate, project, tol=tol, max_iter=max_iter - nit, memory=memory,
                   deadline=deadline, callback=cb, stop=stop, check_every=check_every)
         K = out["M"]
