@@ -6,15 +6,19 @@ import json
 import math
 import os
 import sys
-from collections.abc import Sequence
+import threading
+import time
+import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
 import numpy as np
 import pandas as pd
 
-from dpopt.mechanisms.base import MechanismError
-from dpopt.mechanisms.registry import MECHANISMS, available_mechanisms, make_mechanism
+from dpopt.mechanisms.base import MechanismError, check_time_limit
+from dpopt.mechanisms.convergence import ConvergenceWarning
+from dpopt.mechanisms.registry import FIXED_COST_EIGHS, MECHANISMS, available_mechanisms, by_cost, make_mechanism
 from dpopt.privacy import Privacy
 from dpopt.strategy import StrategyError
 from dpopt.workloads import Workload, WorkloadTooLargeError
@@ -69,13 +73,163 @@ def calibration_problem(privacy: Privacy) -> str | None:
     )
 
 
+# Wall-clock seconds each mechanism's strategy selection may take in `dpopt compare` (--time-limit).
+# At n = 256 every mechanism but LRM and the Appendix B solver finishes well inside it, so a default
+# comparison takes about two of these budgets plus a few seconds.
+DEFAULT_TIME_LIMIT = 60.0
+# Size of the eigendecomposition timed to calibrate the cost model (`estimated_fixed_seconds`); larger
+# domains are scaled by (n / PROBE_CELLS)^3.
+PROBE_CELLS = 512
+
+
+class CompareInterrupted(KeyboardInterrupt):
+    """Ctrl-C during `compare`: `partial` holds the rows that finished, `interrupted` the names that did not."""
+
+    def __init__(self, partial: pd.DataFrame, interrupted: list[str]) -> None:
+        super().__init__(f"interrupted; not finished: {', '.join(interrupted)}")
+        self.partial = partial
+        self.interrupted = interrupted
+
+
+def eigh_seconds(n: int, rng: np.random.Generator | None = None) -> float:
+    """Wall seconds of one dense symmetric eigendecomposition of n x n here and now (a probe at
+    min(n, PROBE_CELLS) cells, scaled by the cube of the size ratio): the unit of FIXED_COST_EIGHS."""
+    k = max(1, min(int(n), PROBE_CELLS))
+    rng = np.random.default_rng(0) if rng is None else rng
+    X = rng.standard_normal((k, k))
+    X = X + X.T
+    t0 = time.perf_counter()
+    np.linalg.eigh(X)
+    return (time.perf_counter() - t0) * (n / k) ** 3
+
+
+def estimated_fixed_seconds(name: str, workload: Workload, unit: float) -> float | None:
+    """Seconds a budgeted fit of `name` spends beyond the reach of its time limit, or None when unknown.
+
+    unit: `eigh_seconds(workload.n)`. The matrix mechanisms' costs are FIXED_COST_EIGHS eigendecompositions;
+    LRM checks its own (it needs one SVD of W first), the other mechanisms have no iterations to cut.
+    """
+    eighs = FIXED_COST_EIGHS.get(name)
+    return None if eighs is None else eighs * unit
+
+
+class _Progress:
+    """Progress of a comparison on `stream`: a live line (mechanism, m x n, elapsed, iteration, gap) on a
+    terminal, else one line per mechanism as it starts."""
+
+    def __init__(self, stream: TextIO, workload: Workload, time_limit: float | None) -> None:
+        self.stream = stream
+        self.workload = workload
+        self.time_limit = time_limit
+        isatty = getattr(stream, "isatty", None)
+        self.live = bool(isatty and isatty())
+        self.bar: Any = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last = 0.0
+
+    def start(self, name: str) -> None:
+        m, n = self.workload.shape
+        limit = "" if self.time_limit is None else f", time limit {self.time_limit:g} s"
+        if not self.live:
+            print(f"fitting {name} on {self.workload.name} ({m} x {n}{limit}) ...", file=self.stream, flush=True)
+            return
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=None, desc=f"{name} ({m} x {n}{limit})", file=self.stream, leave=False,
+                        bar_format="{desc}: {elapsed}{postfix}", dynamic_ncols=True)
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._tick, daemon=True)
+        self._thread.start()
+
+    def _tick(self) -> None:
+        """Keep the elapsed time moving while a solver step runs without reporting."""
+        while not self._stop.wait(1.0):
+            bar = self.bar
+            if bar is not None:
+                bar.refresh()
+
+    def event(self, info: dict[str, Any]) -> None:
+        """A solver's per-iteration report (see dpopt.mechanisms.base.FitBudget), shown at most 5 times a second."""
+        if self.bar is None or time.perf_counter() - self._last < 0.2:
+            return
+        self._last = time.perf_counter()
+        parts = []
+        if "stage" in info:
+            parts.append(str(info["stage"]))
+        if "iteration" in info:
+            parts.append(f"iteration {info['iteration']}")
+        if "gap" in info:
+            parts.append(f"gap {info['gap']:.2e}")
+        if "residual" in info:
+            parts.append(f"residual {info['residual']:.2e}")
+        self.bar.set_postfix_str(", ".join(parts))
+
+    def finish(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def _skipped_row(name: str, workload: Workload, why: str) -> dict[str, Any]:
+    return {"mechanism": name, "workload": workload.name, "expected_total_error": math.nan, "rmse": math.nan,
+            "status": f"skipped: {why}"}
+
+
+def _fit_row(name: str, workload: Workload, privacy: Privacy, time_limit: float | None,
+             unit: float | None, progress: _Progress | None) -> dict[str, Any]:
+    """One mechanism's record, or a 'skipped: why' row."""
+    if time_limit is not None and unit is not None:
+        est = estimated_fixed_seconds(name, workload, unit)
+        if est is not None and est > time_limit:
+            return _skipped_row(name, workload, f"would take about {math.ceil(est)} s, more than the time limit "
+                                f"of {time_limit:g} s (use --time-limit)")
+    if progress is not None:
+        progress.start(name)
+    try:
+        with warnings.catch_warnings():
+            # a capped solver's strategy is flagged in its row's status; the warning would repeat it
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            mech = make_mechanism(name).fit(workload, privacy, time_limit=time_limit,
+                                            progress=None if progress is None else progress.event)
+        return mech.record()
+    except (MechanismError, StrategyError, WorkloadTooLargeError, MemoryError) as exc:
+        return _skipped_row(name, workload, str(exc))
+    finally:
+        if progress is not None:
+            progress.finish()
+
+
+def _frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    df = pd.DataFrame(rows)
+    for col in COLUMNS:
+        if col not in df:
+            df[col] = math.nan
+    return df.sort_values("expected_total_error", na_position="last").reset_index(drop=True)
+
+
 def compare(
     workload: Workload,
     privacy: Privacy,
     mechanisms: Sequence[str] | None = None,
     progress: TextIO | None = None,
+    *,
+    time_limit: float | None = DEFAULT_TIME_LIMIT,
+    on_row: Callable[[dict[str, Any]], None] | None = None,
 ) -> pd.DataFrame:
     """One row per mechanism, sorted by expected total error; a mechanism that cannot run gets status 'skipped: why'.
+
+    Mechanisms run in `COST_ORDER` (fastest first), each with `time_limit` wall-clock seconds for its
+    strategy selection (None: no limit). An iterative solver that reaches the limit returns its best
+    valid strategy (status 'time_limit: valid, not certified optimal'; its certified gap in `gap` when
+    it has one); a mechanism whose work beyond the limit's reach is estimated above the limit is
+    skipped with 'skipped: would take about N s ...'. on_row(record) is called as each row finishes;
+    progress (a stream) gets a live line on a terminal, else one line per mechanism. Ctrl-C raises
+    CompareInterrupted carrying the finished rows.
 
     Under the classic Gaussian calibration at an eps where it is not (eps, delta)-DP, every row keeps its
     numbers and its status starts with 'classic-calibration-invalid: achieves delta=... > requested ...'.
@@ -84,32 +238,25 @@ def compare(
     unknown = [n for n in names if n not in MECHANISMS]
     if unknown:
         raise ValueError(f"unknown mechanism(s) {', '.join(unknown)}; expected some of {', '.join(MECHANISMS)}")
-    rows = []
-    for name in names:
-        if progress is not None:
-            print(f"fitting {name} on {workload.name} ...", file=progress, flush=True)
-        try:
-            mech = make_mechanism(name).fit(workload, privacy)
-            rows.append(mech.record())
-        except (MechanismError, StrategyError, WorkloadTooLargeError, MemoryError) as exc:
-            rows.append(
-                {
-                    "mechanism": name,
-                    "workload": workload.name,
-                    "expected_total_error": math.nan,
-                    "rmse": math.nan,
-                    "status": f"skipped: {exc}",
-                }
-            )
+    time_limit = check_time_limit(time_limit)
+    names = by_cost(list(dict.fromkeys(names)))
+    display = None if progress is None else _Progress(progress, workload, time_limit)
     problem = calibration_problem(privacy)
-    if problem is not None:
-        for row in rows:
-            row["status"] = f"{problem}; solver status: {row.get('status')}"
-    df = pd.DataFrame(rows)
-    for col in COLUMNS:
-        if col not in df:
-            df[col] = math.nan
-    return df.sort_values("expected_total_error", na_position="last").reset_index(drop=True)
+    rows: list[dict[str, Any]] = []
+    try:
+        unit = None
+        if time_limit is not None and any(n in FIXED_COST_EIGHS for n in names):
+            unit = eigh_seconds(workload.n)
+        for name in names:
+            row = _fit_row(name, workload, privacy, time_limit, unit, display)
+            if problem is not None:
+                row["status"] = f"{problem}; solver status: {row.get('status')}"
+            rows.append(row)
+            if on_row is not None:
+                on_row(row)
+    except KeyboardInterrupt:
+        raise CompareInterrupted(_frame(rows), names[len(rows):]) from None
+    return _frame(rows)
 
 
 def format_table(df: pd.DataFrame, fmt: str) -> str:
@@ -122,7 +269,12 @@ def format_table(df: pd.DataFrame, fmt: str) -> str:
     if fmt == "markdown":
         return view.to_markdown(index=False)
     if fmt == "table":
-        return view.to_string(
+        return _aligned(view)
+    raise ValueError(f"unknown format {fmt!r}; expected table, markdown, csv or json")
+
+
+def _aligned(view: pd.DataFrame) -> str:
+    return view.to_string(
             index=False,
             formatters={
                 "sensitivity": "{:.4g}".format,
@@ -133,7 +285,59 @@ def format_table(df: pd.DataFrame, fmt: str) -> str:
                 "fit_seconds": "{:.3f}".format,
             },
         )
-    raise ValueError(f"unknown format {fmt!r}; expected table, markdown, csv or json")
+
+
+
+def table_header(workload: Workload, privacy: Privacy, time_limit: float | None) -> str:
+    """What the table's columns mean: the workload, privacy setting and calibration, the bound, the budget."""
+    m, n = workload.shape
+    sens = "L1 sensitivity" if privacy.is_pure else "L2 sensitivity"
+    limit = "none" if time_limit is None else f"{time_limit:g} s per mechanism"
+    return "\n".join([
+        f"workload: {workload.name}, {m} queries x {n} cells",
+        f"privacy: eps={privacy.epsilon:g}, delta={privacy.delta:g}, {privacy.noise} noise on {sens}; "
+        f"calibration: {privacy.convention}; P(eps,delta) = {privacy.variance_factor:.6g}",
+        "ratio_to_bound = expected_total_error / bound; bound = P(eps,delta) * SVDB(W), a lower bound for every strategy",
+        f"time limit: {limit} (--time-limit)",
+    ])
+
+
+def table_footer(df: pd.DataFrame, interrupted: Sequence[str] = ()) -> str:
+    """The winner (least expected total error), then what was cut short, skipped or interrupted."""
+    lines = []
+    done = df[df["expected_total_error"].notna()]
+    if len(done):
+        best = done.loc[done["expected_total_error"].idxmin()]
+        lines.append(f"best: {best['mechanism']} (ratio {best['ratio_to_bound']:.4f})")
+    else:
+        lines.append("best: none (no mechanism finished)")
+    status = df["status"].astype(str)
+    capped = df[status.str.contains("time_limit", regex=False) & df["expected_total_error"].notna()]
+    if len(capped):
+        parts = []
+        for _, row in capped.iterrows():
+            gap = row.get("gap")
+            parts.append(f"{row['mechanism']}" + (f" (certified gap {gap:.2g})" if _finite(gap) else ""))
+        lines.append("cut short at the time limit (valid strategy, not certified optimal): " + ", ".join(parts))
+    skipped = df[status.str.contains("skipped:", regex=False)]
+    if len(skipped):
+        lines.append("skipped: " + ", ".join(skipped["mechanism"]))
+    if interrupted:
+        lines.append(f"interrupted (Ctrl-C) before finishing: {', '.join(interrupted)}")
+    return "\n".join(lines)
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, (int, float, np.floating)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def row_line(row: dict[str, Any]) -> str:
+    """One finished row as a line (printed as it completes, before the sorted table)."""
+    err, ratio = row.get("expected_total_error"), row.get("ratio_to_bound")
+    secs = row.get("fit_seconds")
+    nums = (f"expected_total_error {err:.6g}, ratio_to_bound {ratio:.4f}, {secs:.1f} s"
+            if _finite(err) and _finite(ratio) and _finite(secs) else "no strategy")
+    return f"finished {row['mechanism']}: {nums}; {row.get('status')}"
 
 
 def _json_value(v: Any) -> Any:
@@ -194,16 +398,41 @@ def plot_comparison(df: pd.DataFrame, path: str) -> None:
 
 
 def main_compare(workload: Workload, privacy: Privacy, mechanisms: Sequence[str] | None,
-                 fmt: str, plot: str | None, out: TextIO | None = None) -> int:
-    """Run a comparison and print it; returns the process exit status."""
+                 fmt: str, plot: str | None, out: TextIO | None = None,
+                 time_limit: float | None = DEFAULT_TIME_LIMIT) -> int:
+    """Run a comparison and print it; returns the process exit status (130 after Ctrl-C).
+
+    In the table format the header is printed first, each row as a line as it finishes, then the table
+    sorted by error and the footer; the other formats print everything at the end. After Ctrl-C the
+    finished rows are printed the same way, with a note naming the mechanisms that did not finish.
+    """
     check_privacy_range(privacy)
+    time_limit = check_time_limit(time_limit)
     if plot:
         check_plot_path(plot)
+    out = out if out is not None else sys.stdout
     problem = calibration_problem(privacy)
     if problem is not None:
         print(f"dpopt: warning: {problem}; the numbers below use the classic sigma anyway", file=sys.stderr)
-    df = compare(workload, privacy, mechanisms, progress=sys.stderr)
-    print(format_table(df, fmt), file=out if out is not None else sys.stdout)
-    if plot:
+    on_row = None
+    if fmt == "table":
+        print(table_header(workload, privacy, time_limit) + "\n", file=out, flush=True)
+
+        def on_row(row: dict[str, Any]) -> None:
+            print(row_line(row), file=out, flush=True)
+
+    interrupted: list[str] = []
+    try:
+        df = compare(workload, privacy, mechanisms, progress=sys.stderr, time_limit=time_limit, on_row=on_row)
+    except CompareInterrupted as stop:
+        df, interrupted = stop.partial, stop.interrupted
+        print(f"dpopt: interrupted; printing the {len(df)} finished row(s); not finished: "
+              f"{', '.join(interrupted)}", file=sys.stderr)
+    if fmt == "table":
+        body = _aligned(df[COLUMNS]) if len(df) else "(no mechanism finished)"
+        print(f"\n{body}\n\n{table_footer(df, interrupted)}", file=out, flush=True)
+    else:
+        print(format_table(df, fmt), file=out, flush=True)
+    if plot and len(df):
         plot_comparison(df, plot)
-    return 0
+    return 130 if interrupted else 0

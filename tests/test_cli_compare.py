@@ -116,9 +116,16 @@ def _parse_markdown(text: str) -> list[dict[str, str]]:
 
 
 def _parse_table(text: str) -> list[dict[str, str]]:
-    lines = text.strip().splitlines()
-    header = lines[0].split()
-    return [dict(zip(header, line.split(None, len(header) - 1), strict=True)) for line in lines[1:]]
+    """The aligned table between the streamed row lines and the footer: from its header row to a blank line."""
+    lines = text.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.split()[:1] == ["mechanism"])
+    header = lines[first].split()
+    body = []
+    for line in lines[first + 1:]:
+        if not line.strip():
+            break
+        body.append(dict(zip(header, line.split(None, len(header) - 1), strict=True)))
+    return body
 
 
 @pytest.mark.parametrize("fmt, parse, rel", [("markdown", _parse_markdown, 1e-5), ("table", _parse_table, 1e-3)])
