@@ -126,7 +126,7 @@ class _Progress:
         self.bar: Any = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._last = 0.0
+        self._last = -math.inf
 
     def start(self, name: str) -> None:
         m, n = self.workload.shape

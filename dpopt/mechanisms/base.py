@@ -74,9 +74,10 @@ class FitBudget:
 
 # The budget of the fits running in this context (see `fit_budget`).
 _BUDGET: ContextVar[FitBudget] = ContextVar("dpopt_fit_budget", default=FitBudget())
-# A solver handed a budget already spent still gets this many seconds: it stops after its first
-# iteration, with the start (a valid strategy for every solver here) or one step from it.
-MIN_SOLVER_SECONDS = 1e-3
+# A solver handed a budget already spent gets this many seconds instead (they accept only > 0): it
+# stops at its first deadline check, with its start (a valid strategy for every solver here) or one
+# step from it.
+MIN_SOLVER_SECONDS = 1e-9
 
 
 def check_time_limit(time_limit: Any) -> float | None:
