@@ -175,6 +175,11 @@ class _Progress:
             self.bar = None
 
 
+def about_seconds(seconds: float) -> str:
+    """An estimate in whole seconds from 10 s up, else to two significant digits."""
+    return f"{math.ceil(seconds)}" if seconds >= 10 else f"{seconds:.2g}"
+
+
 def _skipped_row(name: str, workload: Workload, why: str) -> dict[str, Any]:
     return {"mechanism": name, "workload": workload.name, "expected_total_error": math.nan, "rmse": math.nan,
             "status": f"skipped: {why}"}
@@ -186,8 +191,8 @@ def _fit_row(name: str, workload: Workload, privacy: Privacy, time_limit: float 
     if time_limit is not None and unit is not None:
         est = estimated_fixed_seconds(name, workload, unit)
         if est is not None and est > time_limit:
-            return _skipped_row(name, workload, f"would take about {math.ceil(est)} s, more than the time limit "
-                                f"of {time_limit:g} s (use --time-limit)")
+            return _skipped_row(name, workload, f"would take about {about_seconds(est)} s, more than the time "
+                                f"limit of {time_limit:g} s (use --time-limit)")
     if progress is not None:
         progress.start(name)
     try:
@@ -273,19 +278,28 @@ def format_table(df: pd.DataFrame, fmt: str) -> str:
     raise ValueError(f"unknown format {fmt!r}; expected table, markdown, csv or json")
 
 
-def _aligned(view: pd.DataFrame) -> str:
-    return view.to_string(
-            index=False,
-            formatters={
-                "sensitivity": "{:.4g}".format,
-                "expected_total_error": "{:.6g}".format,
-                "rmse": "{:.5g}".format,
-                "bound": "{:.6g}".format,
-                "ratio_to_bound": "{:.4f}".format,
-                "fit_seconds": "{:.3f}".format,
-            },
-        )
+# Longest status shown in the aligned table (the footer and the row lines give skipped rows' reasons in full).
+TABLE_STATUS_CHARS = 80
 
+
+def _aligned(view: pd.DataFrame) -> str:
+    """The aligned text table: numbers at their display precision, long statuses cut to TABLE_STATUS_CHARS."""
+    view = view.copy()
+    status = view["status"].astype(str)
+    long = status.str.len() > TABLE_STATUS_CHARS
+    view["status"] = status.where(~long, status.str.slice(0, TABLE_STATUS_CHARS - 3) + "...")
+    return view.to_string(
+        index=False,
+        formatters={
+            "strategy_rank": "{:.0f}".format,
+            "sensitivity": "{:.4g}".format,
+            "expected_total_error": "{:.6g}".format,
+            "rmse": "{:.5g}".format,
+            "bound": "{:.6g}".format,
+            "ratio_to_bound": "{:.4f}".format,
+            "fit_seconds": "{:.3f}".format,
+        },
+    )
 
 
 def table_header(workload: Workload, privacy: Privacy, time_limit: float | None) -> str:
@@ -319,9 +333,8 @@ def table_footer(df: pd.DataFrame, interrupted: Sequence[str] = ()) -> str:
             gap = row.get("gap")
             parts.append(f"{row['mechanism']}" + (f" (certified gap {gap:.2g})" if _finite(gap) else ""))
         lines.append("cut short at the time limit (valid strategy, not certified optimal): " + ", ".join(parts))
-    skipped = df[status.str.contains("skipped:", regex=False)]
-    if len(skipped):
-        lines.append("skipped: " + ", ".join(skipped["mechanism"]))
+    for _, row in df[status.str.contains("skipped:", regex=False)].iterrows():
+        lines.append(f"skipped {row['mechanism']}: {str(row['status']).partition('skipped: ')[2]}")
     if interrupted:
         lines.append(f"interrupted (Ctrl-C) before finishing: {', '.join(interrupted)}")
     return "\n".join(lines)
@@ -336,8 +349,8 @@ def row_line(row: dict[str, Any]) -> str:
     err, ratio = row.get("expected_total_error"), row.get("ratio_to_bound")
     secs = row.get("fit_seconds")
     nums = (f"expected_total_error {err:.6g}, ratio_to_bound {ratio:.4f}, {secs:.1f} s"
-            if _finite(err) and _finite(ratio) and _finite(secs) else "no strategy")
-    return f"finished {row['mechanism']}: {nums}; {row.get('status')}"
+            if _finite(err) and _finite(ratio) and _finite(secs) else "")
+    return f"finished {row['mechanism']}: " + "; ".join(x for x in (nums, str(row.get("status"))) if x)
 
 
 def _json_value(v: Any) -> Any:

@@ -168,10 +168,11 @@ class LowRankMechanism(Mechanism):
         limit = float(opts["time_limit"])
         fixed = FIXED_COST_SVDS * t_svd
         if fixed > limit:
+            about = f"{math.ceil(fixed)}" if fixed >= 10 else f"{fixed:.2g}"
             raise MechanismError(
-                f"lrm: would take about {math.ceil(fixed)} s on {workload.name} ({W.shape[0]} x {W.shape[1]}: "
+                f"lrm: would take about {about} s on {workload.name} ({W.shape[0]} x {W.shape[1]}: "
                 f"{FIXED_COST_SVDS:g} thin SVDs of W at {t_svd:.2g} s each before and after its iterations), "
-                f"more than the time limit of {limit:.3g} s (use --time-limit)"
+                f"more than the {limit:.2g} s left of its time limit (use --time-limit)"
             )
         user = self.solver_options
         out = {**opts, "time_limit": max(limit - fixed, MIN_SOLVER_SECONDS)}
