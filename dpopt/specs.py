@@ -34,10 +34,12 @@ SPEC_HELP = """\
 workload specs:
   identity:N  total:N  prefix:N  allrange:N  width:N:K  allpredicate:N
   wrange:MxN[:seed=S]  wdiscrete:MxN[:seed=S][:off=-1|0]  wrelated:MxN:s=S[:seed=S]
-  wtau:MxN:tau=T[:seed=S]  marginals:N1xN2x...:K (all K-way marginals)
+  wtau:MxN:tau=T[:seed=S]  marginals:N1xN2x...:K (all K-way marginals, e.g. marginals:16x16x16x16:2)
   kron:SPEC,SPEC,...  (Kronecker product, e.g. kron:allrange:64,allrange:32)
   npy:PATH (a dense W saved with numpy.save)  gram-npy:PATH (a saved W^T W)
-  marginals:NAME:K  marginals:PATH.json:K (all K-way marginals over a domain file, e.g. marginals:adult:2)
+  marginals:PATH.json:K (all K-way marginals over a domain file {"attribute": size, ...})
+  marginals:NAME:K (the same over DATA_DIR/NAME/NAME-domain.json; DATA_DIR is $DPOPT_DATA_DIR,
+  default ../shared/data beside a source checkout)
   N, M, K and sizes are positive integers; marginals need 1 <= K <= number of attributes, width K <= N,
   wrelated s <= min(M, N), wtau tau in [0, 1], seed >= 0; trailing or unknown parts are refused.
   Kronecker products and marginals too large for a dense W^T W are handled implicitly (mechanism hdmm)."""

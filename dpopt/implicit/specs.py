@@ -3,7 +3,7 @@
 - `kron:SPEC,SPEC,...`: a KronWorkload of the 1-D factor specs (any spec `dpopt.specs` understands) when
   the dense W^T W would exceed MAX_DENSE_ENTRIES (or always with force=True); else None so the dense
   parser keeps it.
-- `marginals:NAME:K`: all K-way marginals over `<data_dir>/NAME/NAME-domain.json` (e.g. `marginals:adult:2`);
+- `marginals:NAME:K`: all K-way marginals over `<data_dir>/NAME/NAME-domain.json` (`$DPOPT_DATA_DIR`);
   `marginals:PATH.json:K` reads that domain file; `marginals:N1xN2x...:K` is implicit when the domain is too
   large for the dense path (or with force=True).
 """
@@ -22,9 +22,9 @@ from dpopt.workloads import MAX_DENSE_ENTRIES
 IMPLICIT_SPEC_HELP = """\
 implicit workload specs (never materialise W or W^T W):
   kron:SPEC,SPEC,...      Kronecker product of 1-D specs (implicit when n^2 > MAX_DENSE_ENTRIES)
-  marginals:NAME:K        all K-way marginals over DATA_DIR/NAME/NAME-domain.json (e.g. marginals:adult:2)
+  marginals:NAME:K        all K-way marginals over DATA_DIR/NAME/NAME-domain.json (DATA_DIR: $DPOPT_DATA_DIR)
   marginals:PATH.json:K   all K-way marginals over the domain in PATH.json
-  marginals:N1xN2x...:K   all K-way marginals over the given sizes (implicit when too large)"""
+  marginals:N1xN2x...:K   all K-way marginals over the given sizes (implicit when too large, e.g. marginals:16x16x16x16:2)"""
 
 
 # N1xN2x... written with numbers of any form (2.5, -3, 1e3): marginal_sizes then says what is wrong with them
