@@ -142,6 +142,10 @@ class _Progress:
         self._thread = threading.Thread(target=self._tick, daemon=True)
         self._thread.start()
 
+    def note(self, text: str) -> None:
+        """One line for a mechanism that does not start (skipped before fitting)."""
+        print(text, file=self.stream, flush=True)
+
     def _tick(self) -> None:
         """Keep the elapsed time moving while a solver step runs without reporting."""
         while not self._stop.wait(1.0):
@@ -191,6 +195,8 @@ def _fit_row(name: str, workload: Workload, privacy: Privacy, time_limit: float 
     if time_limit is not None and unit is not None:
         est = estimated_fixed_seconds(name, workload, unit)
         if est is not None and est > time_limit:
+            if progress is not None:
+                progress.note(f"skipping {name} on {workload.name}: estimated {about_seconds(est)} s")
             return _skipped_row(name, workload, f"would take about {about_seconds(est)} s, more than the time "
                                 f"limit of {time_limit:g} s (use --time-limit)")
     if progress is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import time
 
 import numpy as np
 import pytest
@@ -114,10 +115,28 @@ def test_tiny_time_limit_cli_every_iterative_row_capped_or_skipped(capsys):
 def test_estimate_above_the_limit_skips_with_the_estimate(capsys, monkeypatch):
     # A probe of 10 s per eigendecomposition: Appendix B's 55 of them exceed the 60 s default.
     monkeypatch.setattr(compare_mod, "eigh_seconds", lambda n: 10.0)
-    code, out, _ = run(capsys, "-w", "allrange:16", "-e", "1", "-m", "identity,mm-appendix-b", "-f", "json")
+    code, out, err = run(capsys, "-w", "allrange:16", "-e", "1", "-m", "identity,mm-appendix-b", "-f", "json")
     assert code == 0
     rec = {r["mechanism"]: r for r in json.loads(out)}["mm-appendix-b"]
     assert rec["status"].startswith("skipped: would take about 550 s") and "--time-limit" in rec["status"]
+    assert "skipping mm-appendix-b on allrange(16): estimated 550 s" in err
+
+
+def test_budget_options_keep_the_callers_own_limit_and_callback():
+    seen: list[str] = []
+    mech = make_mechanism("eigen", solver_options={"time_limit": 5.0, "callback": lambda info: seen.append("own")})
+    events: list[dict] = []
+    opts = mech._budgeted_options(mech.solver_options, fit_budget_of(1e6, events.append), t0=time.perf_counter())
+    assert opts["time_limit"] == 5.0  # the caller's own limit is smaller than what is left of 1e6 s
+    opts["callback"]({"nit": 2, "gap": 0.5})
+    assert seen == ["own"] and events == [{"iteration": 2, "gap": 0.5}]
+    assert mech.solver_options["time_limit"] == 5.0 and "callback" in mech.solver_options  # not modified
+
+
+def fit_budget_of(time_limit, progress):
+    from dpopt.mechanisms.base import FitBudget
+
+    return FitBudget(time_limit, progress)
 
 
 def _interrupt(*args, **kwargs):
