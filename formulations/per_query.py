@@ -68,6 +68,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 
 import cvxpy as cp
 import numpy as np
@@ -75,7 +76,7 @@ import numpy as np
 from dpopt.strategy import Strategy
 from dpopt.validation import check_finite_vector
 from dpopt.workloads import Workload
-from formulations.inputs import THIN_FACTOR_RTOL, embed_columns, psd_part, workload_matrix
+from formulations.inputs import THIN_FACTOR_RTOL, GramData, embed_columns, psd_part, workload_matrix
 from formulations.model import Model
 
 NAME = "per_query"
@@ -100,6 +101,47 @@ def whitened_rows(V: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray,
     return P, R, R_inv
 
 
+@dataclass(frozen=True)
+class RowSpaceData:
+    """The constants of the whitened program (module docstring), shared with formulations.minimax.
+
+    W (m x n_kept) and its GramData; c (m,) the bounds as given; U (n_kept x k) an orthonormal basis
+    of W's row space; P (m' x k) the whitened rows of the nonzero queries (P^T P = I); R (S = R S' R);
+    L = U R^{-1} (n_kept x k, so that X = L S'^{-1} L^T).
+    """
+
+    W: np.ndarray
+    gram: GramData
+    c: np.ndarray
+    U: np.ndarray
+    P: np.ndarray
+    R: np.ndarray
+    L: np.ndarray
+
+
+def row_space_data(
+    workload: Workload | np.ndarray, bounds: np.ndarray | float, *, zero_columns: str = "error"
+) -> RowSpaceData:
+    """Validate W and the per-query bounds c and build the whitened constants (module docstring)."""
+    W, data = workload_matrix(workload, zero_columns=zero_columns)
+    m = W.shape[0]
+    c = np.full(m, float(bounds)) if np.ndim(bounds) == 0 else np.asarray(bounds, dtype=float)
+    c = check_finite_vector(c, "per-query variance bounds c", m)
+    row_nonzero = np.abs(W).max(axis=1) > 0
+    if np.any(c < 0) or np.any(c[row_nonzero] <= 0):
+        bad = int(np.count_nonzero((c < 0) | (row_nonzero & (c <= 0))))
+        raise ValueError(
+            f"per-query variance bounds must be > 0 for every nonzero query (and >= 0 for zero ones); "
+            f"{bad} are not"
+        )
+    _, sing, Vt = np.linalg.svd(W, full_matrices=False)
+    # n x k orthonormal basis of the row space (singular values, hence the square root of the
+    # eigenvalue cut used for thin factors).
+    U = Vt[sing > math.sqrt(THIN_FACTOR_RTOL) * sing[0]].T
+    P, R, R_inv = whitened_rows(W[row_nonzero] @ U, c[row_nonzero])
+    return RowSpaceData(W=W, gram=data, c=c, U=U, P=P, R=R, L=U @ R_inv)
+
+
 def build(
     workload: Workload | np.ndarray,
     bounds: np.ndarray | float,
@@ -118,24 +160,9 @@ def build(
     orthonormal row-space basis), "R" (S = R S' R), "rows" (P).
     """
     t0 = time.perf_counter()
-    W, data = workload_matrix(workload, zero_columns=zero_columns)
-    m = W.shape[0]
-    c = np.full(m, float(bounds)) if np.ndim(bounds) == 0 else np.asarray(bounds, dtype=float)
-    c = check_finite_vector(c, "per-query variance bounds c", m)
-    row_nonzero = np.abs(W).max(axis=1) > 0
-    if np.any(c < 0) or np.any(c[row_nonzero] <= 0):
-        bad = int(np.count_nonzero((c < 0) | (row_nonzero & (c <= 0))))
-        raise ValueError(
-            f"per-query variance bounds must be > 0 for every nonzero query (and >= 0 for zero ones); "
-            f"{bad} are not"
-        )
-    _, sing, Vt = np.linalg.svd(W, full_matrices=False)
-    # n x k orthonormal basis of the row space (singular values, hence the square root of the
-    # eigenvalue cut used for thin factors).
-    U = Vt[sing > math.sqrt(THIN_FACTOR_RTOL) * sing[0]].T
-    P, R, R_inv = whitened_rows(W[row_nonzero] @ U, c[row_nonzero])
-    L = U @ R_inv
-    n, k = U.shape
+    rs = row_space_data(workload, bounds, zero_columns=zero_columns)
+    P, L = rs.P, rs.L
+    n, k = L.shape
     S = cp.Variable((k, k), symmetric=True, name="S")
     Z = cp.Variable((n, n), symmetric=True, name="Z")
     t = cp.Variable(name="t")
@@ -154,7 +181,7 @@ def build(
         scale=1.0,
         recover=to_strategy,
         build_seconds=time.perf_counter() - t0,
-        data={"gram": data, "W": W, "bounds": c, "basis": L, "U": U, "R": R, "rows": P},
+        data={"gram": rs.gram, "W": rs.W, "bounds": rs.c, "basis": L, "U": rs.U, "R": rs.R, "rows": P},
     )
 
 

@@ -1,0 +1,73 @@
+"""Weighted minimax per-query error: the strategy whose worst query, relative to its target, is best.
+
+    minimise  s = max_i w_i X^+ w_i^T / c_i   over X PSD with diag(X) <= 1 (L2 sensitivity 1).
+
+It is the fitness-for-use program of `formulations.per_query` read the other way round: scaling X by
+a > 0 divides every variance by a and multiplies diag(X) by a, so the least max diag(X) under
+w_i X^+ w_i^T <= c_i (per_query's t) equals the least s here, and an optimum of either is a multiple
+of an optimum of the other. The model states it directly, in per_query's whitened row-space basis
+(S = R S' R is the estimate's covariance in the basis U, X = L S'^{-1} L^T, `per_query.row_space_data`):
+
+    minimise s  s.t.  [[S', L^T], [L, Z]] PSD,  diag(Z) <= 1,  p_i S' p_i^T <= s (i with w_i != 0),
+
+where p_i S' p_i^T = v_i S v_i^T / c_i is query i's variance over its target. The Schur block says
+Z >= L S'^{-1} L^T = X, so diag(X) <= diag(Z) <= 1. The hand-written counterpart is
+`dpopt.solvers.minimax.solve_minimax` (a certified outer ascent over the query weights on the
+(eps, delta) sum solver).
+"""
+
+from __future__ import annotations
+
+import time
+
+import cvxpy as cp
+import numpy as np
+
+from dpopt.workloads import Workload
+from formulations.model import Model
+from formulations.per_query import row_space_data, strategy_gram, to_strategy
+
+NAME = "minimax"
+
+__all__ = ["NAME", "build", "strategy_gram"]
+
+
+def build(
+    workload: Workload | np.ndarray,
+    targets: np.ndarray | float = 1.0,
+    *,
+    zero_columns: str = "error",
+) -> Model:
+    """Weighted minimax SDP: least max_i w_i X^+ w_i^T / c_i subject to diag(X) <= 1.
+
+    workload: a dpopt Workload with rows, or the query matrix W (m x n).
+    targets: c (m,) or one number: the weight of query i is 1 / c_i (c_i > 0 for every nonzero query;
+        c = 1 is the plain minimax of the per-query variances).
+    Variables S' (k x k), Z (n x n), s (scalar); the objective is s in the workload's units (scale 1).
+    model.data has per_query's keys ("gram", "W", "bounds" = c, "basis" = L, "U", "R", "rows" = P), so
+    `strategy_gram(model)` gives X = L S'^{-1} L^T and the recovered Strategy has A^T A = X / max diag X.
+    """
+    t0 = time.perf_counter()
+    rs = row_space_data(workload, targets, zero_columns=zero_columns)
+    P, L = rs.P, rs.L
+    n, k = L.shape
+    S = cp.Variable((k, k), symmetric=True, name="S")
+    Z = cp.Variable((n, n), symmetric=True, name="Z")
+    s = cp.Variable(name="s")
+    problem = cp.Problem(
+        cp.Minimize(s),
+        [
+            cp.bmat([[S, L.T], [L, Z]]) >> 0,
+            cp.diag(Z) <= 1.0,
+            cp.sum(cp.multiply(P @ S, P), axis=1) <= s,
+        ],
+    )
+    return Model(
+        name=NAME,
+        problem=problem,
+        variables={"S": S, "Z": Z, "s": s},
+        scale=1.0,
+        recover=to_strategy,
+        build_seconds=time.perf_counter() - t0,
+        data={"gram": rs.gram, "W": rs.W, "bounds": rs.c, "basis": L, "U": rs.U, "R": rs.R, "rows": P},
+    )
