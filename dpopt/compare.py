@@ -75,7 +75,8 @@ def calibration_problem(privacy: Privacy) -> str | None:
 
 # Wall-clock seconds each mechanism's strategy selection may take in `dpopt compare` (--time-limit).
 # At n = 256 every mechanism but LRM and the Appendix B solver finishes well inside it, so a default
-# comparison takes about two of these budgets plus a few seconds.
+# comparison takes about two of these budgets plus a few seconds. hdmm has no time limit of its own
+# (it took 210 s on prefix:1024 under eps-DP on a loaded 2-core machine).
 DEFAULT_TIME_LIMIT = 60.0
 # Size of the eigendecomposition timed to calibrate the cost model (`estimated_fixed_seconds`); larger
 # domains are scaled by (n / PROBE_CELLS)^3.
@@ -228,6 +229,15 @@ def _frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     return df.sort_values("expected_total_error", na_position="last").reset_index(drop=True)
 
 
+def mechanism_order(mechanisms: Sequence[str] | None) -> list[str]:
+    """The mechanisms to run (default: every available one), once each, in COST_ORDER; unknown names raise."""
+    names = list(mechanisms) if mechanisms else available_mechanisms()
+    unknown = [n for n in names if n not in MECHANISMS]
+    if unknown:
+        raise ValueError(f"unknown mechanism(s) {', '.join(unknown)}; expected some of {', '.join(MECHANISMS)}")
+    return by_cost(list(dict.fromkeys(names)))
+
+
 def compare(
     workload: Workload,
     privacy: Privacy,
@@ -250,12 +260,8 @@ def compare(
     Under the classic Gaussian calibration at an eps where it is not (eps, delta)-DP, every row keeps its
     numbers and its status starts with 'classic-calibration-invalid: achieves delta=... > requested ...'.
     """
-    names = list(mechanisms) if mechanisms else available_mechanisms()
-    unknown = [n for n in names if n not in MECHANISMS]
-    if unknown:
-        raise ValueError(f"unknown mechanism(s) {', '.join(unknown)}; expected some of {', '.join(MECHANISMS)}")
+    names = mechanism_order(mechanisms)
     time_limit = check_time_limit(time_limit)
-    names = by_cost(list(dict.fromkeys(names)))
     display = None if progress is None else _Progress(progress, workload, time_limit)
     problem = calibration_problem(privacy)
     rows: list[dict[str, Any]] = []
@@ -432,6 +438,7 @@ def main_compare(workload: Workload, privacy: Privacy, mechanisms: Sequence[str]
     """
     check_privacy_range(privacy)
     time_limit = check_time_limit(time_limit)
+    mechanisms = mechanism_order(mechanisms)  # refuse unknown names before printing anything
     if plot:
         check_plot_path(plot)
     out = out if out is not None else sys.stdout

@@ -232,3 +232,8 @@ def test_no_time_limit():
     df = compare_mod.compare(AllRange(8), Privacy(1.0), ["eigen", "identity"], time_limit=None)
     assert list(df["status"].str.startswith("converged")).count(True) == 1
     assert np.isfinite(df["expected_total_error"]).all()
+
+
+def test_unknown_mechanism_refused_before_the_header(capsys):
+    code, out, err = run(capsys, "-w", "prefix:4", "-e", "1", "-m", "identity,bogus")
+    assert code == 2 and out == "" and "unknown mechanism(s) bogus" in err
