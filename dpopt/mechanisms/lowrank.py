@@ -45,9 +45,8 @@ from dpopt.workloads import Workload, WorkloadTooLargeError, as_workload
 
 SOLVERS = ("alm", "cvxpy")
 # Under a time limit: seconds of work the limit does not cut, in units of one thin SVD of W (the
-# probe `_select` times anyway): measured 14 to 46 (load-dependent) with 1 BLAS thread, time limits
-# of 1e-3 s and 60 s, on
-# allrange:64, prefix:256 and allrange:256 (see _budgeted).
+# probe `_select` times anyway): measured 14 to 46 (load-dependent) with 1 BLAS thread and time
+# limits of 1e-3 s and 60 s on allrange:64, prefix:256 and allrange:256 (see _budgeted).
 FIXED_COST_SVDS = 25.0
 
 
@@ -227,9 +226,11 @@ class LowRankMechanism(Mechanism):
             progress: ProgressSink | None = None) -> LowRankMechanism:
         """Select (B, L) and check support; for gamma > 0 the bound is that of the answered workload B L.
 
-        time_limit (seconds) reaches Algorithm 1 (`solve_lrm`): at the limit it returns its best feasible
-        decomposition so far, else its best feasible start (the SVD start is exact), with status
-        'time_limit: valid, not certified optimal'. progress: see `dpopt.mechanisms.base.FitBudget`.
+        time_limit (seconds): Algorithm 1 (`solve_lrm`) gets what is left after the reserve for the work
+        it cannot cut (see `_budgeted`; a smaller limit raises MechanismError "would take about N s").
+        A capped run returns the best valid pair at hand (its feasible iterate, else the best of its SVD
+        start, its last iterate made exact and the noise-on-data start) with status 'time_limit: valid,
+        not certified optimal'. progress: see `dpopt.mechanisms.base.FitBudget`.
         """
         super().fit(workload, privacy, time_limit=time_limit, progress=progress)
         if self.gamma > 0.0:
