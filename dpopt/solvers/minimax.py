@@ -71,6 +71,10 @@ __all__ = [
 #: A step is accepted when the inner dual bound does not fall by more than this relative amount (the
 #: bound is computed from singular values to about this accuracy).
 _ASCENT_RTOL = 1e-13
+#: W^T W counts as nonsingular when its eigenvalues exceed this times the largest one. Rank-deficient
+#: workloads (WidthK, WRange with m < n, marginals without the full table) are refused: measured, their
+#: strategies have cond(X) ~ 1e14 and the Cholesky variances lost 0.3% (a lower bound above the upper).
+_FULL_RANK_RTOL = 1e-10
 
 
 class MatrixRows:
@@ -84,10 +88,10 @@ class MatrixRows:
         """W^T diag(weights) W."""
         return self.W.T @ (self.W * weights[:, None])
 
-    def variances(self, L: np.ndarray) -> np.ndarray:
-        """w_i X^{-1} w_i^T for X = L L^T (lower Cholesky factor L)."""
-        Y = sla.solve_triangular(L, self.W.T, lower=True, check_finite=False)
-        return np.einsum("ij,ij->j", Y, Y)
+    def variances(self, F: np.ndarray) -> np.ndarray:
+        """w_i F F^T w_i^T, where F F^T = X^+ (see `query_variances`)."""
+        Y = self.W @ F
+        return np.einsum("ij,ij->i", Y, Y)
 
 
 class RangeRows:
@@ -116,10 +120,9 @@ class RangeRows:
         G = lap[1:, 1:][::-1, ::-1].cumsum(axis=0).cumsum(axis=1)[::-1, ::-1]
         return (G + G.T) / 2.0
 
-    def variances(self, L: np.ndarray) -> np.ndarray:
-        """Q = B X^{-1} B^T (boundary covariance), Var = Q[hi, hi] + Q[lo, lo] - 2 Q[lo, hi]."""
-        Linv = sla.solve_triangular(L, np.eye(self.n), lower=True, check_finite=False)
-        Xinv = Linv.T @ Linv
+    def variances(self, F: np.ndarray) -> np.ndarray:
+        """Q = B X^+ B^T (boundary covariance, X^+ = F F^T), Var = Q[hi, hi] + Q[lo, lo] - 2 Q[lo, hi]."""
+        Xinv = F @ F.T
         Q = np.zeros((self.n + 1, self.n + 1))
         Q[1:, 1:] = Xinv.cumsum(axis=0).cumsum(axis=1)
         dq = np.diag(Q)
@@ -149,13 +152,28 @@ def query_rows(workload: Workload | np.ndarray) -> MatrixRows | RangeRows:
     return MatrixRows(S.toarray())
 
 
-def query_variances(rows: MatrixRows | RangeRows, X: np.ndarray) -> np.ndarray:
-    """w_i X^{-1} w_i^T for every query (X positive definite); inf everywhere if X is not."""
+def query_variances(rows: MatrixRows | RangeRows, X: np.ndarray, rank_rtol: float = 1e-12) -> np.ndarray:
+    """w_i X^+ w_i^T for every query.
+
+    X^+ = F F^T with F = L^{-T} from a Cholesky factor when X is positive definite; otherwise F from
+    the eigenvectors of X with eigenvalues above rank_rtol * largest (a singular X: the sum optimum of
+    a rank-deficient Gram is singular), and then a query with a part outside range(X) gets inf.
+    """
+    X = (X + X.T) / 2.0
     try:
-        L = sla.cholesky((X + X.T) / 2.0, lower=True, check_finite=False)
+        L = sla.cholesky(X, lower=True, check_finite=False)
+        F = sla.solve_triangular(L, np.eye(X.shape[0]), lower=True, check_finite=False).T
+        return rows.variances(F)
     except np.linalg.LinAlgError:
-        return np.full(rows.m, np.inf)
-    return rows.variances(L)
+        pass
+    lam, Q = np.linalg.eigh(X)
+    keep = lam > rank_rtol * lam[-1]
+    var = rows.variances(Q[:, keep] / np.sqrt(lam[keep]))
+    # The part of each query outside range(X): its squared norm must vanish for a finite variance.
+    outside = rows.variances(Q[:, ~keep])
+    total = rows.variances(np.eye(X.shape[0]))
+    var[outside > 1e-9 * np.maximum(total, np.finfo(float).tiny)] = np.inf
+    return var
 
 
 def solve_minimax(
@@ -200,6 +218,13 @@ def solve_minimax(
     if c.shape != (rows.m,) or not np.isfinite(c).all() or (c <= 0).any():
         raise ValueError(f"targets must be one number or ({rows.m},) finite values > 0")
     inner_tol = 1e-12 if inner_tol is None else float(inner_tol)
+    lam = np.linalg.eigvalsh(rows.gram(1.0 / c))
+    if lam[0] <= _FULL_RANK_RTOL * lam[-1]:
+        raise ValueError(
+            "solve_minimax needs W of full column rank (W^T W nonsingular; smallest/largest eigenvalue "
+            f"{lam[0] / lam[-1]:.1e}): for a rank-deficient W the sum optimum X is singular and the "
+            "variances of a nearly singular X are not computed accurately enough to certify"
+        )
 
     def inner(u: np.ndarray, d: np.ndarray | None) -> tuple[SolverResult, np.ndarray, np.ndarray]:
         G = rows.gram(u / c)
