@@ -5,6 +5,7 @@ Pairs (hand-written solver vs declarative model):
 - eigen_design  dpopt.solvers.eigen_design.solve_eigen_design vs formulations.eigen_design (seed 003)
 - appendix_b    dpopt.solvers.appendix_b.solve_appendix_b    vs formulations.appendix_b   (seed 000, App. B)
 - lrm           dpopt.solvers.lrm.solve_lrm                  vs formulations.lrm          (seed 000, Alg. 1)
+- minimax       dpopt.solvers.minimax.solve_minimax          vs formulations.minimax      (per-query worst case)
 
 Both sides are scored by one independent function of the strategy they return, never by their own
 reported objective (which is printed beside it):
@@ -12,6 +13,7 @@ reported objective (which is printed beside it):
   (eps, delta) error per unit privacy constant; it is invariant to the scale of X, so the normalisations
   of seed 002 (diag X <= 1) and Appendix B (trace(G M^-1) <= 1) are compared on one footing. X must
   support G (G's range inside X's), else f = inf;
+- minimax: f(X) = max(diag X) * max_i w_i X^+ w_i^T (the worst query's variance per unit privacy constant);
 - LRM: f(B, L) = ||B||_F^2 max_j ||L[:, j]||_1^2 (Lemma 1's error per 2/eps^2), with W = B L checked.
 
 --quick runs small instances; the LRM reference (many conic solves per run) then uses only the first
@@ -106,6 +108,32 @@ def mm_objective(X: np.ndarray, G: np.ndarray) -> float:
         return math.inf
     Xp = (Vk / lam[keep]) @ Vk.T
     return float(np.max(np.diag(X)) * np.einsum("ij,ji->", G, Xp))
+
+
+def minimax_objective(X: np.ndarray, W: np.ndarray) -> float:
+    """f(X) = max(diag X) * max_i w_i X^+ w_i^T (pseudo-inverse with the PINV_RTOL cut), scale-invariant."""
+    X = (np.asarray(X, dtype=float) + np.asarray(X, dtype=float).T) / 2
+    lam, V = np.linalg.eigh(X)
+    keep = lam > PINV_RTOL * max(float(lam.max()), np.finfo(float).tiny)
+    Y = (W @ V[:, keep]) / np.sqrt(lam[keep])
+    return float(np.max(np.diag(X)) * np.max(np.einsum("ij,ij->i", Y, Y)))
+
+
+def _hand_minimax(inst: Instance) -> Side:
+    from dpopt.solvers.minimax import solve_minimax
+
+    res, wall, cpu = _timed(lambda: solve_minimax(inst.W, tol=1e-6))
+    return Side(minimax_objective(res.x, inst.W), float(res.fun), str(res.status), wall, cpu, int(res.nit))
+
+
+def _ref_minimax(inst: Instance, solver: str) -> Side:
+    from formulations import minimax
+    from formulations.solve import solve
+
+    res, wall, cpu = _timed(lambda: solve(minimax.build(inst.W), solver, tol=REFERENCE_TOL, accept_inaccurate=True))
+    X = np.asarray(res.strategy.gram, dtype=float)
+    return Side(minimax_objective(X, inst.W), float(res.objective), str(res.status), wall, cpu,
+                None if res.iterations is None else int(res.iterations), "inaccurate" if res.inaccurate else "")
 
 
 def lrm_objective(B: np.ndarray, L: np.ndarray, W: np.ndarray) -> tuple[float, float]:
@@ -239,6 +267,9 @@ PAIRS: dict[str, Pair] = {
              ("wrelated:6x10:s=2:seed=0", "wrange:6x8:seed=1"),
              ("wrelated:6x10:s=2:seed=0", "wrange:8x12:seed=1", "wrelated:16x32:s=4:seed=0", "wrange:16x32:seed=5"),
              needs_rows=True, quick_one_solver=True),
+        # Full-column-rank workloads only (solve_minimax refuses a singular W^T W).
+        Pair("minimax", True, "dpopt.solvers.minimax", "formulations.minimax", _hand_minimax, _ref_minimax,
+             ("prefix:8", "allrange:8"), ("prefix:16", "allrange:16", "prefix:32"), needs_rows=True),
     )
 }
 
