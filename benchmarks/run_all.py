@@ -39,7 +39,7 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THRE
 # one repeat and shortened per-run budgets where it does not.
 QUICK_ARGS: dict[str, list[str]] = {
     "convex_dp": ["--sizes", "128", "--primal-limit", "30"],
-    "convex_dp_matched": ["--sizes", "32", "--budget", "120"],
+    "convex_dp_matched": ["--sizes", "32", "--workloads", "all-range", "--budget", "120"],
     "convex_dp_scaling": ["--quick", "--sizes", "128,256", "--conic-sizes", "16,32", "--budget", "120",
                           "--conic-budget", "60"],
     "eigen_design": ["--quick", "--sizes", "256", "--budget", "120", "--plain-limit", "60"],
@@ -47,9 +47,15 @@ QUICK_ARGS: dict[str, list[str]] = {
     "implicit": ["--quick"],
     "l1ball": ["--quick"],
     "lrm": ["--quick", "--repeats", "1"],
+    # no --quick: the default sizes, "about five minutes" on a quiet machine (LRM on WRelated up to n = 2048)
     "mechanisms": ["--repeats", "1", "--budget", "5"],
     "orthogonal": ["--quick", "--seeds", "1", "--repeats", "1"],
 }
+
+
+# Wall-clock budget per benchmark (seconds) where DEFAULT_BUDGET is too short on a loaded 2-core machine.
+DEFAULT_BUDGET = 900.0
+BUDGETS: dict[str, float] = {"mechanisms": 1500.0}
 
 
 def benchmark_names() -> list[str]:
@@ -134,7 +140,8 @@ def summary_table(outcomes: list[Outcome]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--only", default=None, help="comma-separated benchmark names (bench_NAME.py), default all")
-    p.add_argument("--budget", type=float, default=1200.0, help="wall seconds per benchmark (default 1200)")
+    p.add_argument("--budget", type=float, default=None,
+                   help=f"wall seconds per benchmark (default {DEFAULT_BUDGET:.0f}; mechanisms {BUDGETS['mechanisms']:.0f})")
     p.add_argument("--out", type=Path, default=QUICK_DIR, help="output folder (default benchmarks/results/quick)")
     p.add_argument("--list", action="store_true", help="print the benchmarks and their quick arguments")
     p.add_argument("--inner", default=None, help=argparse.SUPPRESS)
@@ -158,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             p.error(f"unknown benchmark(s) {', '.join(unknown)}; choose from {', '.join(names)}")
         names = [n for n in names if n in chosen]
-    if args.budget <= 0:
+    if args.budget is not None and args.budget <= 0:
         p.error("--budget must be positive")
     if out_dir == (HERE / "results").resolve():
         p.error("--out must not be benchmarks/results itself: the committed full-size tables live there")
@@ -166,13 +173,13 @@ def main(argv: list[str] | None = None) -> int:
     outcomes = []
     for n in names:
         print(f"bench_{n} {' '.join(quick_args(n))} ...", flush=True)
-        o = run_one(n, out_dir, args.budget)
+        o = run_one(n, out_dir, args.budget or BUDGETS.get(n, DEFAULT_BUDGET))
         print(f"  {o.status} (exit {o.returncode}) in {o.wall:.1f} s wall, {o.cpu:.1f} s CPU; log {out_dir / (n + '.log')}",
               flush=True)
         outcomes.append(o)
     table = summary_table(outcomes)
     (out_dir / "summary.md").write_text(
-        f"# Quick benchmark run\n\nOne BLAS thread, {args.budget:.0f} s budget per benchmark; "
+        f"# Quick benchmark run\n\nOne BLAS thread, a wall-clock budget per benchmark; "
         f"`python -m benchmarks.run_all`\n\n{table}\n")
     print()
     print(table)
