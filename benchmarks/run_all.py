@@ -170,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     if out_dir == (HERE / "results").resolve():
         p.error("--out must not be benchmarks/results itself: the committed full-size tables live there")
     out_dir.mkdir(parents=True, exist_ok=True)
+    if out_dir == QUICK_DIR.resolve():  # quick tables are for looking at, never for committing
+        (out_dir / ".gitignore").write_text("*\n")
     outcomes = []
     for n in names:
         print(f"bench_{n} {' '.join(quick_args(n))} ...", flush=True)
