@@ -19,6 +19,7 @@ from dpopt.solvers.lrm import (
     update_B,
 )
 from dpopt.solvers.result import CONVERGED, MAX_ITER, TIME_LIMIT
+from dpopt.workloads import AllRange
 
 # Seed 000, Section 1, second example; cells ordered (NY, NJ, CA, WA):
 # q1 = 2 x_NJ + x_CA + x_WA, q2 = x_NJ + 2 x_WA, q3 = x_NY + 2 x_CA + 2 x_WA.
@@ -401,3 +402,15 @@ def test_relaxed_gamma_start_is_reoptimised_for_gamma():
     assert np.abs(L).sum(axis=0).max() <= 1 + 1e-9
     assert res.extra["starts"][0]["start_factor"] < float(np.sum(W * W))
     assert res.extra["error_factor"] <= res.extra["starts"][0]["start_factor"]
+
+
+def test_time_limit_can_return_a_start_that_never_ran():
+    """A deadline that fires in the first run skips the later starts; if one of those starts is the
+    best feasible pair, it is returned (its run fields empty) instead of failing to find its run."""
+    W = AllRange(64).matrix()
+    res = solve_lrm(W, time_limit=1e-9, repair=False, seed=0)  # 1e-9 s: always past after one step
+    B, L = res.x
+    assert res.status == TIME_LIMIT
+    assert res.extra["start"] == "identity" and math.isnan(res.extra["beta"])
+    # The identity start is exact: L = I (unit L1 columns) and B = W, so the residual is exactly 0.
+    assert np.abs(L).sum(axis=0).max() <= 1.0 and np.linalg.norm(W - B @ L) == 0.0

@@ -410,7 +410,9 @@ def repair_pair(
     """
     normW = float(np.linalg.norm(W))
     r = L.shape[0]
-    U, sB, Vt = np.linalg.svd(B)  # one factorisation serves B^+ and B's null space
+    # One factorisation serves B^+ and B's null space. Vt must be the full r x r basis; U is needed
+    # only thinly, so the m x m U of a full SVD (8.7 GB for AllRange(256)'s 32,896 queries) is not formed.
+    U, sB, Vt = np.linalg.svd(B, full_matrices=B.shape[0] < B.shape[1])
     rank_B = rank_from_singular_values(sB)
     B_pinv = (Vt[:rank_B].T / sB[:rank_B]) @ U[:, :rank_B].T
     candidates = [L + B_pinv @ (W - B @ L)]
@@ -749,7 +751,8 @@ def solve_lrm(
     resid = float(np.linalg.norm(W - B @ L))
     max_l1 = float(np.abs(L).sum(axis=0).max())
     fun = float(np.vdot(B, B))
-    src = best if "beta" in best else next(u for u in runs if u["start"] == best["start"])
+    # The run that produced the returned pair (None when a start that never ran is returned).
+    src = best if "beta" in best else next((u for u in runs if u["start"] == best["start"]), None)
     return SolverResult(
         x=(B, L),
         fun=fun,
@@ -770,8 +773,8 @@ def solve_lrm(
             "kept_start": kept_start,
             "refine_rounds": nrefined,
             "starts": table,
-            "beta": src["beta"],
-            "revived_rows": src["revived"],
+            "beta": src["beta"] if src is not None else math.nan,
+            "revived_rows": src["revived"] if src is not None else 0,
             "repaired": bool(best.get("repaired", False)),
             "fun_history": np.concatenate([np.asarray(u["fun_history"], float) for u in runs]),
             "residual_history": np.concatenate([np.asarray(u["residual_history"], float) for u in runs]),
