@@ -68,7 +68,7 @@ workload SPEC (';'-separated parts, answered together):
   range:age                 all ranges lo..hi of an ordinal column
   predicate:COND            one count; COND is terms joined by '&':
                             col=v (equals), col=v1|v2 (in), col=lo..hi (between, inclusive)
-  e.g.  --workload "marginal:sex;predicate:age=20..29&sex=Female;range:age"
+  e.g.  --workload "marginal:religious,children;predicate:rate_marriage=4..5&children=0;range:rate_marriage"
 
 output CSV columns: query, answer, std (noise std of that answer), noise (laplace|gaussian),
 noise_scale (per measurement: b = sens1/eps, or the smallest sigma OpenDP certifies at
@@ -86,9 +86,9 @@ to FILE before any noise is drawn; a corrupt or inconsistent FILE is refused, ne
 exit status: {EXIT_OK} answers written; {EXIT_BAD_INPUT} bad input (one-line reason on stderr);
 {EXIT_BUDGET} privacy budget exceeded (nothing released); {EXIT_UNAVAILABLE} OpenDP unavailable.
 
-example:
-  dpopt answer --data adult.csv --domain adult-domain.json:age,sex,race \\
-      --workload "marginal:sex,race;range:age" --epsilon 1 --mechanism hierarchical --out ans.csv
+example (the embedded Fair survey; add --data FILE.csv --domain FILE.json:col,... for your own table):
+  dpopt answer --domain fair:rate_marriage,religious,children \\
+      --workload "marginal:religious,children;range:rate_marriage" --epsilon 1 --mechanism hierarchical --out ans.csv
 """
 
 

@@ -37,13 +37,7 @@ NOT_RUNNABLE = {
 }
 # Examples that are known to fail on a fresh install until their help text changes (text owned elsewhere):
 # run, and expected to fail, so the test notices when the text is fixed (then delete the entry).
-NEEDS_NEW_TEXT = {
-    "dpopt answer --data adult.csv --domain adult-domain.json:age,sex,race --workload 'marginal:sex,race;range:age' "
-    "--epsilon 1 --mechanism hierarchical --out ans.csv":
-        "reads adult.csv / adult-domain.json, which no install has (dpopt/release_cli.py EPILOG)",
-    "--workload 'marginal:sex;predicate:age=20..29&sex=Female;range:age'":
-        "columns sex and age are not in the default (embedded Fair) domain (dpopt/release_cli.py EPILOG)",
-}
+NEEDS_NEW_TEXT: dict[str, str] = {}
 # Placeholder lines of the sweep config example, left out when it runs, with the reason.
 SWEEP_PLACEHOLDERS = {
     'data = "npy:PATH"': "an optional data vector at a PATH the reader supplies",
