@@ -13,15 +13,17 @@ gap (seed 004 Thm. 5.5 says the bound is tight for data cubes; this is the expli
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 from scipy.optimize import minimize
 
 from dpopt.implicit.marginal_algebra import attrs_of, superset_incidence
 from dpopt.implicit.marginal_strategy import MarginalStrategy
+from dpopt.implicit.pidentity import LbfgsMonitor
 from dpopt.implicit.workloads import MarginalsWorkload
-from dpopt.solvers.result import CONVERGED, MAX_ITER, STALLED, SolverResult
+from dpopt.solvers.result import CONVERGED, MAX_ITER, STALLED, TIME_LIMIT, SolverResult
 from dpopt.validation import as_generator
 
 
@@ -82,6 +84,8 @@ def optimize_marginals_laplace(
     restarts: int = 3,
     seed: int | np.random.Generator | None = 0,
     max_iter: int = 5000,
+    deadline: float | None = None,
+    progress: Callable[[dict[str, Any]], None] | None = None,
 ) -> tuple[MarginalStrategy, SolverResult]:
     """HDMM OPT_M for eps-DP: weights theta_T > 0 on candidate marginals minimising
     (sum_T theta_T)^2 * sum_A c_A r_A / x_A,  x_A = sum_{T superset of A} theta_T^2 N_{-T}  (sens1 = sum theta)
@@ -91,6 +95,11 @@ def optimize_marginals_laplace(
     stalls on Adult where the log form does not). The first start measures every workload marginal equally
     (other candidates at 1% weight), further starts are uniform random from `seed`. Returns the best strategy
     and its SolverResult (fun = unit error with sens1 normalised to 1).
+
+    deadline: a `time.perf_counter()` value. A run past it stops at its next iteration with its best
+    iterate, later starts are skipped, and the status is TIME_LIMIT (the first start always makes one
+    iteration; every theta > 0 is a valid strategy, and the baselines are still compared).
+    progress: called after each L-BFGS iteration with {"iteration", "stage"}.
     """
     if not isinstance(workload, MarginalsWorkload):
         raise ValueError(f"need a MarginalsWorkload, got {type(workload).__name__}")
@@ -123,12 +132,21 @@ def optimize_marginals_laplace(
 
     starts = [np.log(base)] + [np.log(rng.random(len(cols)) + 1e-3) for _ in range(restarts - 1)]
     t0, c0 = time.perf_counter(), time.process_time()
-    best, nit, losses = None, 0, []
-    for x0 in starts:
+    best, nit, losses, runs, capped = None, 0, [], 0, False
+    for k, x0 in enumerate(starts):
+        if k > 0 and deadline is not None and time.perf_counter() >= deadline:
+            capped = True
+            break
+        monitor = LbfgsMonitor(x0, deadline, progress, f"marginal template start {k + 1}/{len(starts)}", nit)
         res = minimize(
             loss_grad, x0, jac=True, method="L-BFGS-B",
-            options={"maxiter": max_iter, "ftol": 1e-15, "gtol": 1e-12},
+            options={"maxiter": max_iter, "ftol": 1e-15, "gtol": 1e-12}, callback=monitor,
         )
+        runs += 1
+        if monitor.best_fun < res.fun or not np.isfinite(res.fun):  # the best iterate the callback saw
+            res.fun, res.x = monitor.best_fun, monitor.best_x
+        if monitor.stopped:
+            capped, res.success, res.message = True, False, "stopped at the time limit"
         nit += int(res.nit)
         losses.append(float(res.fun) * f0)
         if best is None or res.fun < best.fun:
@@ -138,8 +156,12 @@ def optimize_marginals_laplace(
     theta = theta / theta.sum()
     subsets = [attrs_of(T) for T in cols]
     strat = MarginalStrategy(sizes, "marginals", subsets, theta, name="hdmm-marginals")
-    status = CONVERGED if best.success else (MAX_ITER if best.nit >= max_iter else STALLED)
-    message = f"best of {len(starts)} L-BFGS starts: {best.message}"
+    if capped:
+        status = TIME_LIMIT
+    else:
+        status = CONVERGED if best.success else (MAX_ITER if best.nit >= max_iter else STALLED)
+    skipped = f" ({len(starts) - runs} skipped at the time limit)" if runs < len(starts) else ""
+    message = f"best of {runs} L-BFGS starts{skipped}: {best.message}"
     cands = {"optimised": strat, **marginal_baselines(workload)}
     errors = {k: laplace_marginal_error(st, workload) for k, st in cands.items()}
     kept = min(errors, key=lambda k: (errors[k], k != "optimised"))

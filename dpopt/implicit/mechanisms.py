@@ -8,6 +8,7 @@ expected_error / record with the same keys) and computes everything through the 
 from __future__ import annotations
 
 import math
+import time
 from typing import Any, ClassVar
 
 import numpy as np
@@ -19,8 +20,9 @@ from dpopt.implicit.optimize import ImplicitSelection, select_strategy
 from dpopt.implicit.strategy import KronStrategy
 from dpopt.implicit.union_strategy import UnionKronStrategy
 from dpopt.implicit.workloads import ImplicitWorkload, MarginalsWorkload, as_implicit
-from dpopt.mechanisms.base import FitInfo, Mechanism, MechanismError, Selection
+from dpopt.mechanisms.base import FitInfo, Mechanism, MechanismError, Selection, current_budget
 from dpopt.privacy import Privacy
+from dpopt.solvers.result import TIME_LIMIT
 from dpopt.strategy import Strategy
 from dpopt.validation import check_finite_vector
 from dpopt.workloads import Workload
@@ -35,6 +37,11 @@ def _rank(strategy: KronStrategy | MarginalStrategy | UnionKronStrategy) -> int:
     return sum(residual_rank(strategy.domain_sizes, A) for A, v in strategy._x.items() if v > 0)
 
 
+def _fit_status(status: str) -> str:
+    """The selection's status as reported by fit: a capped selection is flagged like every capped solver."""
+    return f"{TIME_LIMIT}: valid, not certified optimal" if status == TIME_LIMIT else status
+
+
 class HDMMMechanism(Mechanism):
     """Factored strategy selection (Kronecker, union of Kronecker, marginals) for workloads of any size."""
 
@@ -43,20 +50,44 @@ class HDMMMechanism(Mechanism):
     def __init__(self, **options: Any) -> None:
         self.options = options
 
+    def _budget_options(self, start: float) -> dict[str, Any]:
+        """self.options with the current fit budget: a deadline `time_limit` s after `start`, and progress."""
+        budget = current_budget()
+        opts = dict(self.options)
+        if budget.time_limit is not None and "factor_solver" not in opts:
+            opts["deadline"] = start + budget.time_limit
+        if budget.progress is not None and "factor_solver" not in opts:
+            opts["progress"] = budget.progress
+        return opts
+
     def _select(self, workload: Workload, privacy: Privacy) -> Selection:
         """The dense form of the selected strategy (small domains; `fit` never needs it)."""
-        sel = select_strategy(workload, privacy, **self.options)
+        sel = select_strategy(workload, privacy, **self._budget_options(time.perf_counter()))
         if isinstance(sel.strategy, UnionKronStrategy):
             raise MechanismError(f"{self.short_name}: a union of Kronecker parts has no single dense A here")
-        return Selection(strategy=sel.strategy.to_dense(), solver=sel.solver, status=sel.status)
+        return Selection(strategy=sel.strategy.to_dense(), solver=sel.solver, status=_fit_status(sel.status))
 
-    def fit(self, workload: Workload | np.ndarray, privacy: Privacy) -> HDMMMechanism:
-        """Select the factored strategy and its exact error through the factors (no dense matrices)."""
+    def fit(self, workload: Workload | np.ndarray, privacy: Privacy, *, time_limit: float | None = None,
+            progress: Any = None) -> HDMMMechanism:
+        """Select the factored strategy and its exact error through the factors (no dense matrices).
+
+        time_limit (seconds, default: the enclosing `fit_budget`) bounds the selection: every L-BFGS
+        run and factor solver stops at the deadline with its best iterate, later restarts and sweeps are
+        skipped, and each factor is still the best of that iterate and its family's baselines (so the
+        strategy is valid and never worse than identity); status 'time_limit: valid, not certified
+        optimal', with the certified gap where the solver has one. progress: see FitBudget.
+        """
+        with self._budget_scope(time_limit, progress):
+            return self._fit_factored(workload, privacy)
+
+    def _fit_factored(self, workload: Workload | np.ndarray, privacy: Privacy) -> HDMMMechanism:
+        """`fit` under the current budget."""
+        start = time.perf_counter()
         if not isinstance(privacy, Privacy):
             raise MechanismError(f"{self.short_name}: privacy must be a dpopt.privacy.Privacy")
         try:
             w = as_implicit(workload)
-            sel: ImplicitSelection = select_strategy(w, privacy, **self.options)
+            sel: ImplicitSelection = select_strategy(w, privacy, **self._budget_options(start))
         except ValueError as exc:
             raise MechanismError(f"{self.short_name}: {exc}") from None
         self.workload_: ImplicitWorkload = w  # type: ignore[assignment]
@@ -69,7 +100,7 @@ class HDMMMechanism(Mechanism):
         self.bound_ = sel.bound
         self.fit_info_ = FitInfo(
             solver=sel.solver,
-            status=sel.status,
+            status=_fit_status(sel.status),
             iterations=sel.iterations,
             wall_seconds=sel.wall_seconds,
             cpu_seconds=sel.cpu_seconds,

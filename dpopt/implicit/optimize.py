@@ -21,6 +21,7 @@ OPT_+ (one Kronecker part per term, `union_strategy`) with closed-form part weig
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable
@@ -46,11 +47,20 @@ from dpopt.implicit.workloads import (
     as_implicit,
 )
 from dpopt.privacy import Privacy
-from dpopt.solvers.result import CONVERGED, SolverResult
+from dpopt.solvers.result import CONVERGED, TIME_LIMIT, SolverResult
 from dpopt.strategy import Strategy
 from dpopt.workloads import GramWorkload, Workload
 
 FactorSolver = Callable[[np.ndarray], tuple[np.ndarray, SolverResult]]
+Progress = Callable[[dict[str, Any]], None]
+# A solver given a deadline already past gets this many seconds (solve_convex_dp accepts only > 0): it
+# stops at its first deadline check with its start, a valid strategy (as dpopt.mechanisms.base does).
+MIN_SOLVER_SECONDS = 1e-9
+
+
+def _past(deadline: float | None) -> bool:
+    """True when a `time.perf_counter()` deadline is set and reached."""
+    return deadline is not None and time.perf_counter() >= deadline
 
 
 @dataclass
@@ -75,18 +85,32 @@ def default_p(n: int) -> int:
     return max(1, n // 16)
 
 
-def gaussian_factor(G: np.ndarray, tol: float = 1e-8) -> tuple[np.ndarray, SolverResult]:
+def gaussian_factor(
+    G: np.ndarray, tol: float = 1e-8, deadline: float | None = None, progress: Progress | None = None
+) -> tuple[np.ndarray, SolverResult]:
     """Certified (eps, delta) factor strategy (A_i with sens2 = 1, solver result), or a baseline it ties with.
 
     Uses `dpopt.solvers.convex_dp.solve_convex_dp` (dual Newton-CG) when it is installed, else the
     L-BFGS dual fallback of `gaussian_factor`; both return the same scaled dual certificate.
+    deadline (a `time.perf_counter()` value) becomes solve_convex_dp's time_limit: past it, the solver
+    returns its iterate with status TIME_LIMIT and its certified gap; progress gets its iterations.
     """
     try:
         from dpopt.solvers.convex_dp import solve_convex_dp
     except ImportError:
         res = solve_factor_gaussian(G, tol=max(tol, 1e-6))
         return Strategy.from_gram(res.x).A, res
-    res = solve_convex_dp(G, tol=tol)
+    kwargs: dict[str, Any] = {}
+    if deadline is not None:
+        kwargs["time_limit"] = max(deadline - time.perf_counter(), MIN_SOLVER_SECONDS)
+    if progress is not None:
+        from dpopt.mechanisms.base import _progress_event
+
+        def report(info: dict[str, Any]) -> None:
+            progress({**_progress_event(info), "stage": "convex-dp factor"})
+
+        kwargs["callback"] = report
+    res = solve_convex_dp(G, tol=tol, **kwargs)
     A = res.extra.get("A")
     if A is None:
         A = Strategy.from_gram(res.x).A
@@ -107,10 +131,13 @@ def _dense(A: Any) -> np.ndarray:
     return np.asarray(A.toarray() if hasattr(A, "toarray") else A, dtype=float)
 
 
-def factor_unit_error(A: np.ndarray, G: np.ndarray, norm: int) -> float:
-    """sens_norm(A)^2 trace(G (A^T A)^+): one factor's error up to P(eps, delta) (inf if A misses G's range)."""
+def factor_unit_error(A: np.ndarray, G: np.ndarray, norm: int, gram: GramWorkload | None = None) -> float:
+    """sens_norm(A)^2 trace(G (A^T A)^+): one factor's error up to P(eps, delta) (inf if A misses G's range).
+
+    gram: GramWorkload(G), when the caller scores several candidates against the same G (built once).
+    """
     s = Strategy(A)
-    if s.unsupported_fraction(GramWorkload(G)) > SUPPORT_RTOL:
+    if s.unsupported_fraction(GramWorkload(G) if gram is None else gram) > SUPPORT_RTOL:
         return math.inf
     return s.sensitivity(norm) ** 2 * float(np.einsum("ij,ji->", G, s.gram_pinv()))
 
@@ -126,7 +153,8 @@ def keep_best_factor(
     "kept"; a certificate in res stays valid, since it bounds every strategy.
     """
     cands = {optimiser: A, **factor_baselines(G.shape[0])}
-    errors = {name: factor_unit_error(M, G, norm) for name, M in cands.items()}
+    gram = GramWorkload(G)
+    errors = {name: factor_unit_error(M, G, norm, gram) for name, M in cands.items()}
     kept = min(errors, key=lambda k: (errors[k], k != optimiser))
     res.extra["candidates"] = errors
     res.extra["kept"] = kept
@@ -137,14 +165,33 @@ def keep_best_factor(
 
 
 def laplace_factor(
-    G: np.ndarray, p: int | None = None, restarts: int = 2, seed: int = 0
+    G: np.ndarray, p: int | None = None, restarts: int = 2, seed: int = 0,
+    deadline: float | None = None, progress: Progress | None = None,
 ) -> tuple[np.ndarray, SolverResult]:
     """eps-DP factor strategy: the better of HDMM's OPT_0 (p-Identity) and the family's baselines.
 
-    OPT_0 alone lost to identity on AllRange(16) (852 against 816); see `keep_best_factor`.
+    OPT_0 alone lost to identity on AllRange(16) (852 against 816); see `keep_best_factor`. deadline and
+    progress go to `optimize_pidentity` (past the deadline: its best iterate, status TIME_LIMIT).
     """
-    res = optimize_pidentity(G, p or default_p(G.shape[0]), restarts=restarts, seed=seed)
+    res = optimize_pidentity(G, p or default_p(G.shape[0]), restarts=restarts, seed=seed,
+                             deadline=deadline, progress=progress)
     return keep_best_factor(pidentity_matrix(res.x), res, G, norm=1, optimiser="p-identity")
+
+
+def _default_solver(privacy: Privacy, deadline: float | None, progress: Progress | None) -> FactorSolver:
+    """The factor solver of the privacy setting, with the deadline and progress bound."""
+    base = laplace_factor if privacy.is_pure else gaussian_factor
+    if deadline is None and progress is None:
+        return base
+    return functools.partial(base, deadline=deadline, progress=progress)
+
+
+def _status(results: list[SolverResult], default: str) -> str:
+    """TIME_LIMIT if any solve hit the deadline, else the first other unconverged status, else default."""
+    statuses = [r.status for r in results if r.status != CONVERGED]
+    if TIME_LIMIT in statuses:
+        return TIME_LIMIT
+    return statuses[0] if statuses else default
 
 
 def _cached(solver: FactorSolver) -> FactorSolver:
@@ -161,11 +208,17 @@ def _cached(solver: FactorSolver) -> FactorSolver:
 
 
 def _prefer_factor_queries(
-    A: np.ndarray, factor: Workload, G: np.ndarray, norm: int, kept: str
+    A: np.ndarray, factor: Workload, G: np.ndarray, norm: int, kept: str, error: float | None = None
 ) -> tuple[np.ndarray, str]:
-    """A, or the factor's own queries W_i (noise on queries per factor) when they have less error."""
+    """A, or the factor's own queries W_i (noise on queries per factor) when they have less error.
+
+    error: A's unit error when already known (`keep_best_factor` records it).
+    """
     Wi = np.asarray(factor.matrix(), dtype=float)
-    if factor_unit_error(Wi, G, norm) < factor_unit_error(A, G, norm):
+    gram = GramWorkload(G)
+    if error is None:
+        error = factor_unit_error(A, G, norm, gram)
+    if factor_unit_error(Wi, G, norm, gram) < error:
         return Wi, "laplace"
     return A, kept
 
@@ -177,17 +230,24 @@ def _kept_note(kept: list[str], optimiser: str) -> str:
 
 
 def optimize_kron(
-    workload: KronWorkload, privacy: Privacy, factor_solver: FactorSolver | None = None
+    workload: KronWorkload, privacy: Privacy, factor_solver: FactorSolver | None = None,
+    deadline: float | None = None, progress: Progress | None = None,
 ) -> ImplicitSelection:
-    """Product of per-factor optima for a Kronecker workload (certified for (eps, delta); see module doc)."""
+    """Product of per-factor optima for a Kronecker workload (certified for (eps, delta); see module doc).
+
+    deadline (a `time.perf_counter()` value) and progress reach the default factor solver: a factor
+    solved past the deadline is its solver's iterate or a baseline (`keep_best_factor`), status TIME_LIMIT.
+    """
     t0, c0 = time.perf_counter(), time.process_time()
-    solve = _cached(factor_solver or (laplace_factor if privacy.is_pure else gaussian_factor))
+    solve = _cached(factor_solver or _default_solver(privacy, deadline, progress))
     mats, results = [], []
     optimiser = "p-identity" if privacy.is_pure else "convex-dp"
     kept = []
     for f, G in zip(workload.factors, workload.factor_grams, strict=True):
         A, res = solve(G)
-        A, k = _prefer_factor_queries(A, f, G, privacy.norm, res.extra.get("kept", optimiser))
+        k = res.extra.get("kept", optimiser)
+        known = res.extra.get("candidates", {}).get(k) if factor_solver is None else None
+        A, k = _prefer_factor_queries(A, f, G, privacy.norm, k, known)
         mats.append(A)
         results.append(res)
         kept.append(k)
@@ -201,11 +261,7 @@ def optimize_kron(
         unit_bound = svdb
         bound_kind = "svd bound"
     bound = privacy.variance_factor * max(unit_bound, svdb)
-    unconverged = [r.status for r in results if r.status != CONVERGED]
-    if unconverged:
-        status = unconverged[0]
-    else:
-        status = "converged" if privacy.is_pure else "optimal"
+    status = _status(results, "converged" if privacy.is_pure else "optimal")
     return ImplicitSelection(
         strategy=strat,
         error=err,
@@ -229,27 +285,37 @@ def optimize_union_kron(
     sweeps: int = 4,
     rtol: float = 1e-6,
     factor_solver: FactorSolver | None = None,
+    deadline: float | None = None,
+    progress: Progress | None = None,
 ) -> ImplicitSelection:
-    """HDMM OPT_(x) for a union of Kronecker products: block coordinate descent over the factors."""
+    """HDMM OPT_(x) for a union of Kronecker products: block coordinate descent over the factors.
+
+    deadline (a `time.perf_counter()` value): the factor solves get it, and descent stops after the
+    first sweep that ends past it (every factor then has a strategy), with status TIME_LIMIT.
+    """
     t0, c0 = time.perf_counter(), time.process_time()
-    solve = factor_solver or (laplace_factor if privacy.is_pure else gaussian_factor)
+    solve = factor_solver or _default_solver(privacy, deadline, progress)
     terms = workload.kron_terms()
     a = np.array([t[0] for t in terms])
     d = workload.n_factors
     tr = np.array([[float(np.trace(G)) for G in Gs] for _, Gs in terms])  # X_i = I to start
     mats: list[np.ndarray | None] = [None] * d
-    history, iters = [], 0
+    history, iters, capped = [], 0, False
     for _ in range(sweeps):
         for i in range(d):
             b = a * np.prod(np.delete(tr, i, axis=1), axis=1)
             Ghat = sum(bk * Gs[i] for bk, (_, Gs) in zip(b / b.max(), terms, strict=True))
             A, res = solve(np.asarray(Ghat))
             iters += res.nit
+            capped = capped or res.status == TIME_LIMIT
             mats[i] = A
             Xp = psd_pinv(A.T @ A)[0]
             tr[:, i] = [float(np.einsum("ij,ij->", Gs[i], Xp)) for _, Gs in terms]
         history.append(float(np.dot(a, np.prod(tr, axis=1))))
         if len(history) > 1 and history[-2] - history[-1] <= rtol * history[-1]:
+            break
+        if _past(deadline) and len(history) < sweeps:
+            capped = True
             break
     strat = KronStrategy([m for m in mats if m is not None], name="union-kron")
     err = strat.expected_error(workload, privacy)
@@ -261,7 +327,7 @@ def optimize_union_kron(
         bound=bound,
         bound_kind=kind,
         solver="block coordinate descent (" + ("p-identity" if privacy.is_pure else "convex-dp") + ")",
-        status="converged" if len(history) < sweeps else "max_iter",
+        status=TIME_LIMIT if capped else ("converged" if len(history) < sweeps else "max_iter"),
         iterations=iters,
         gap=err.total / bound - 1.0 if bound > 0 else None,
         wall_seconds=time.perf_counter() - t0,
@@ -271,7 +337,8 @@ def optimize_union_kron(
 
 
 def optimize_union_of_krons(
-    workload: UnionWorkload, privacy: Privacy, factor_solver: FactorSolver | None = None
+    workload: UnionWorkload, privacy: Privacy, factor_solver: FactorSolver | None = None,
+    deadline: float | None = None, progress: Progress | None = None,
 ) -> ImplicitSelection:
     """HDMM OPT_+: each term k gets its own optimised Kronecker part A^(k) (unit sensitivity), weighted w_k.
 
@@ -281,14 +348,15 @@ def optimize_union_of_krons(
     column norms (see `union_strategy`).
     """
     t0, c0 = time.perf_counter(), time.process_time()
-    solve = _cached(factor_solver or (laplace_factor if privacy.is_pure else gaussian_factor))
-    parts, errs, iters = [], [], 0
+    solve = _cached(factor_solver or _default_solver(privacy, deadline, progress))
+    parts, errs, iters, statuses = [], [], 0, []
     for wt, term in zip(workload.weights, workload.parts, strict=True):
         sel = optimize_kron(term, privacy, factor_solver=solve)
         assert isinstance(sel.strategy, KronStrategy)
         parts.append(sel.strategy)
         errs.append(float(wt) ** 2 * sel.strategy.unit_error(term) * sel.strategy.sensitivity(privacy.norm) ** 2)
         iters += sel.iterations
+        statuses.append(sel.status)
     e = np.array(errs)
     w = e ** (1.0 / 3.0) if privacy.is_pure else e**0.25
     w = w / (w.sum() if privacy.is_pure else math.sqrt(float(np.sum(w**2))))
@@ -302,7 +370,7 @@ def optimize_union_of_krons(
         bound=bound,
         bound_kind=kind,
         solver="union of Kronecker parts (" + ("p-identity" if privacy.is_pure else "convex-dp") + ")",
-        status="converged",
+        status=TIME_LIMIT if TIME_LIMIT in statuses else "converged",
         iterations=iters,
         gap=err.total / bound - 1.0 if bound > 0 else None,
         wall_seconds=time.perf_counter() - t0,
@@ -312,11 +380,19 @@ def optimize_union_of_krons(
 
 
 def optimize_union(workload: UnionWorkload, privacy: Privacy, **opts: Any) -> ImplicitSelection:
-    """The better of OPT_(x) (one Kronecker strategy, block descent) and OPT_+ (a union of Kronecker parts)."""
+    """The better of OPT_(x) (one Kronecker strategy, block descent) and OPT_+ (a union of Kronecker parts).
+
+    OPT_+ is skipped when opts' deadline has passed after OPT_(x) (status TIME_LIMIT).
+    """
     single = optimize_union_kron(workload, privacy, **opts)
     if len(workload.parts) == 1:
         return single
-    union = optimize_union_of_krons(workload, privacy, factor_solver=opts.get("factor_solver"))
+    if _past(opts.get("deadline")):
+        single.status = TIME_LIMIT
+        single.extra["skipped"] = "union of Kronecker parts (time limit reached)"
+        return single
+    union = optimize_union_of_krons(workload, privacy, factor_solver=opts.get("factor_solver"),
+                                    deadline=opts.get("deadline"), progress=opts.get("progress"))
     best = union if union.error.total < single.error.total else single
     best.extra["alternatives"] = {single.solver: float(single.error.total), union.solver: float(union.error.total)}
     return best

@@ -12,13 +12,16 @@ all in O(p n^2) time and O(n^2 + p n) memory per evaluation.
 
 from __future__ import annotations
 
+import math
 import time
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from scipy.linalg import cho_factor, cho_solve
 from scipy.optimize import minimize
 
-from dpopt.solvers.result import CONVERGED, MAX_ITER, STALLED, SolverResult
+from dpopt.solvers.result import CONVERGED, MAX_ITER, STALLED, TIME_LIMIT, SolverResult
 from dpopt.validation import as_generator
 
 
@@ -64,6 +67,31 @@ def pidentity_error(Theta: np.ndarray, G: np.ndarray) -> float:
     return float(np.trace(cho_solve(factor, G)))
 
 
+class LbfgsMonitor:
+    """An L-BFGS-B callback: keeps the best iterate, reports progress, and stops the run at a deadline.
+
+    scipy calls it with the OptimizeResult of each iteration (new-style callback, parameter named
+    `intermediate_result`); raising StopIteration ends minimize() with the current iterate.
+    deadline: a `time.perf_counter()` value or None; offset: iterations of earlier runs (for progress).
+    """
+
+    def __init__(self, x0: np.ndarray, deadline: float | None, progress: Callable[[dict[str, Any]], None] | None,
+                 stage: str, offset: int = 0) -> None:
+        self.best_fun, self.best_x = math.inf, np.asarray(x0, dtype=float)
+        self.deadline, self.progress, self.stage, self.offset = deadline, progress, stage, offset
+        self.iterations, self.stopped = 0, False
+
+    def __call__(self, intermediate_result: Any) -> None:
+        self.iterations += 1
+        if intermediate_result.fun < self.best_fun:
+            self.best_fun, self.best_x = float(intermediate_result.fun), np.array(intermediate_result.x)
+        if self.progress is not None:
+            self.progress({"iteration": self.offset + self.iterations, "stage": self.stage})
+        if self.deadline is not None and time.perf_counter() >= self.deadline:
+            self.stopped = True
+            raise StopIteration
+
+
 def optimize_pidentity(
     G: np.ndarray,
     p: int,
@@ -71,12 +99,19 @@ def optimize_pidentity(
     seed: int | np.random.Generator | None = 0,
     max_iter: int = 2000,
     ftol: float = 1e-12,
+    deadline: float | None = None,
+    progress: Callable[[dict[str, Any]], None] | None = None,
 ) -> SolverResult:
     """HDMM OPT_0: best p-Identity strategy for Gram G (n x n) over `restarts` seeded L-BFGS-B runs.
 
     Returns SolverResult with x = Theta (p x n), fun = trace(G (A^T A)^{-1}) (sens1 = 1, evaluated by
     `pidentity_error`), status CONVERGED when the best run met L-BFGS-B's tolerance;
     extra["losses"] lists every restart's final loss as the optimiser saw it (Woodbury form).
+
+    deadline: a `time.perf_counter()` value. A run past it stops at its next iteration with its best
+    iterate so far, and later restarts are skipped (the first run always makes one iteration, so there is
+    a Theta to return; every Theta >= 0 is a valid strategy); the status is then TIME_LIMIT.
+    progress: called after each L-BFGS-B iteration with {"iteration", "stage"}.
     """
     G = np.asarray(G, dtype=float)
     if G.ndim != 2 or G.shape[0] != G.shape[1] or G.shape[0] == 0 or not np.all(np.isfinite(G)):
@@ -91,10 +126,14 @@ def optimize_pidentity(
     scale = float(np.trace(G)) / n
     Gs = G / scale
     t0, c0 = time.perf_counter(), time.process_time()
-    best = None
-    losses, nit = [], 0
-    for _ in range(restarts):
+    best: tuple[float, np.ndarray, bool, int, str] | None = None  # (loss, x, success, nit, message)
+    losses, nit, runs, capped = [], 0, 0, False
+    for k in range(restarts):
+        if k > 0 and deadline is not None and time.perf_counter() >= deadline:
+            capped = True
+            break
         x0 = rng.random(p * n)
+        monitor = LbfgsMonitor(x0, deadline, progress, f"p-identity restart {k + 1}/{restarts}", nit)
         res = minimize(
             pidentity_loss_and_grad,
             x0,
@@ -103,25 +142,40 @@ def optimize_pidentity(
             method="L-BFGS-B",
             bounds=[(0.0, None)] * (p * n),
             options={"maxiter": max_iter, "ftol": ftol, "gtol": 1e-10},
+            callback=monitor,
         )
-        losses.append(float(res.fun) * scale)
+        runs += 1
+        fun, x = float(res.fun), np.asarray(res.x)
+        if monitor.best_fun < fun or not np.isfinite(fun):  # the best iterate the callback saw
+            fun, x = monitor.best_fun, monitor.best_x
+        x = np.maximum(x, 0.0)
+        losses.append(fun * scale)
         nit += int(res.nit)
-        if best is None or res.fun < best.fun:
-            best = res
+        capped = capped or monitor.stopped
+        message = "stopped at the time limit" if monitor.stopped else str(res.message)
+        if best is None or fun < best[0]:
+            best = (fun, x, bool(res.success) and not monitor.stopped, int(res.nit), message)
     assert best is not None
-    if best.success:
+    _, x, success, best_nit, best_message = best
+    if capped:
+        status = TIME_LIMIT
+    elif success:
         status = CONVERGED
-    elif best.nit >= max_iter:
+    elif best_nit >= max_iter:
         status = MAX_ITER
     else:
         status = STALLED
+    note = f"best of {runs} L-BFGS-B restarts" + (f" ({restarts - runs} skipped at the time limit)"
+                                                  if runs < restarts else "")
+    if capped and runs == restarts:
+        note += " (time limit reached)"
     return SolverResult(
-        x=best.x.reshape(p, n),
-        fun=pidentity_error(best.x.reshape(p, n), G),
+        x=x.reshape(p, n),
+        fun=pidentity_error(x.reshape(p, n), G),
         status=status,
-        message=f"best of {restarts} L-BFGS-B restarts: {best.message}",
+        message=f"{note}: {best_message}",
         nit=nit,
         wall_seconds=time.perf_counter() - t0,
         cpu_seconds=time.process_time() - c0,
-        extra={"losses": losses},
+        extra={"losses": losses, "restarts_run": runs},
     )
