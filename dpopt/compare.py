@@ -18,7 +18,13 @@ import pandas as pd
 
 from dpopt.mechanisms.base import MechanismError, check_time_limit
 from dpopt.mechanisms.convergence import ConvergenceWarning
-from dpopt.mechanisms.registry import FIXED_COST_EIGHS, MECHANISMS, available_mechanisms, by_cost, make_mechanism
+from dpopt.mechanisms.registry import (
+    FIXED_COST_EIGHS,
+    MECHANISMS,
+    available_mechanisms,
+    by_cost,
+    make_mechanism,
+)
 from dpopt.privacy import Privacy
 from dpopt.strategy import StrategyError
 from dpopt.workloads import Workload, WorkloadTooLargeError

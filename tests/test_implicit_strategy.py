@@ -19,7 +19,6 @@ from dpopt.privacy import Privacy
 from dpopt.strategy import StrategyError
 from dpopt.workloads import AllRange, Identity, Kron, Prefix, Stack, Total
 
-
 # Kronecker routes vs the dense matrices here: sensitivities are products and maxima of a few sums (a
 # few ulps: 1e-12); errors and estimates are solves with cond <= ~1e3 at n <= 72 (n cond eps < 2e-11:
 # 1e-10, or 1e-9 where a dense pinv of random factors is involved).

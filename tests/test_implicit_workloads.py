@@ -20,7 +20,6 @@ from dpopt.workloads import (
     WorkloadTooLargeError,
 )
 
-
 EPS = np.finfo(float).eps
 
 

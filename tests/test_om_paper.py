@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from paper_matrices import EX1_B, EX1_W, EX1_W_TILDE
 
 from dpopt.mechanisms import OrthogonalMechanism, make_mechanism
 from dpopt.privacy import Privacy
 from dpopt.specs import parse_workload
-
-from paper_matrices import EX1_B, EX1_W, EX1_W_TILDE
 
 EPS = 0.5
 U = np.finfo(float).eps

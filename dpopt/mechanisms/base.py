@@ -73,7 +73,7 @@ class FitBudget:
 
 
 # The budget of the fits running in this context (see `fit_budget`).
-_BUDGET: ContextVar[FitBudget] = ContextVar("dpopt_fit_budget", default=FitBudget())
+_BUDGET: ContextVar[FitBudget] = ContextVar("dpopt_fit_budget", default=FitBudget())  # noqa: B039 (frozen)
 # A solver handed a budget already spent gets this many seconds instead (they accept only > 0): it
 # stops at its first deadline check, with its start (a valid strategy for every solver here) or one
 # step from it.

@@ -35,7 +35,13 @@ import numpy as np
 
 from dpopt.bounds import svd_bound
 from dpopt.error import ErrorReport, expected_error
-from dpopt.mechanisms.base import MIN_SOLVER_SECONDS, Mechanism, MechanismError, ProgressSink, Selection
+from dpopt.mechanisms.base import (
+    MIN_SOLVER_SECONDS,
+    Mechanism,
+    MechanismError,
+    ProgressSink,
+    Selection,
+)
 from dpopt.mechanisms.convergence import check_policy, solver_status
 from dpopt.privacy import Privacy
 from dpopt.solvers.result import TIME_LIMIT
