@@ -34,7 +34,11 @@ FAMILIES = {
     "prefix16": lambda: Prefix(16),
     "allrange16": lambda: AllRange(16),
     "marginals_2x3x2": lambda: Marginals([2, 3, 2], subsets=[(0, 1), (1, 2), (0, 2), (0, 1, 2)]),
+    # Rank deficient: WidthK(16, 4) has rank 13 < 16, the 2-way marginals of 2x3x4 rank 18 < 24.
+    "widthk_16_4": lambda: WidthK(16, 4),
+    "marginals2_2x3x4": lambda: Marginals([2, 3, 4], k=2),
 }
+RANK_DEFICIENT = ("widthk_16_4", "marginals2_2x3x4")
 
 
 def _targets(name: str, m: int) -> np.ndarray:
@@ -57,6 +61,16 @@ def _variances(W: np.ndarray, X: np.ndarray) -> np.ndarray:
     return np.einsum("ij,ji->i", W, np.linalg.solve(X, W.T))
 
 
+def _pinv_variances(W: np.ndarray, X: np.ndarray) -> tuple[np.ndarray, float]:
+    """w_i X^+ w_i^T from the k = rank(W) largest eigenpairs of X (independent of the solver's
+    row-space basis and QR factors), and the condition number of X on that range."""
+    k = np.linalg.matrix_rank(W)
+    lam, Q = np.linalg.eigh(X)
+    F = Q[:, -k:] / np.sqrt(lam[-k:])
+    Y = W @ F
+    return np.einsum("ij,ij->i", Y, Y), float(lam[-1] / lam[-k])
+
+
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_certified_gap_feasible_strategy_and_fun(solved, name):
     w, c, res = solved[name]
@@ -67,6 +81,13 @@ def test_certified_gap_feasible_strategy_and_fun(solved, name):
     # X is divided by max(max diag, 1): each diagonal entry is one division away from <= 1 (a few ulps).
     assert np.diag(X).max() <= 1.0 + 8 * EPS
     np.testing.assert_allclose(X, X.T, rtol=0, atol=0)
+    if name in RANK_DEFICIENT:
+        # X is singular (rank W); on its range the eigen-solve's relative error is about n * cond * eps
+        # with cond the condition number there (eigh backward stable, then one division per direction).
+        var, cond = _pinv_variances(w.matrix(), X)
+        assert np.max(var / c) == pytest.approx(res.fun, rel=10 * w.n * cond * EPS)
+        np.testing.assert_allclose(var, res.extra["variances"], rtol=10 * w.n * cond * EPS)
+        return
     # fun is the largest weighted variance of the returned X, recomputed by a dense solve whose
     # relative error is bounded by n * cond(X) * eps (normwise backward stability of LU).
     cond = np.linalg.cond(X)
@@ -137,13 +158,20 @@ def test_range_form_matches_the_matrix_form(make):
     np.testing.assert_allclose(vr, vm, rtol=10 * w.n**2 * np.linalg.cond(X) * EPS)
 
 
+@pytest.mark.parametrize("name", RANK_DEFICIENT)
+def test_rank_deficient_bounds_stay_ordered(solved, name):
+    """Every iterate's certified lower bound stays below every upper bound (the singular optimum's
+    variances are evaluated in the row space; through the completed X's Cholesky factor they were
+    0.3% off and the lower bound came out above the upper one)."""
+    w, c, res = solved[name]
+    hist = res.extra["history"]
+    assert max(h["lower"] for h in hist) <= min(h["upper"] for h in hist)
+    assert res.extra["basis"].shape == (w.n, np.linalg.matrix_rank(w.matrix()))
+
+
 def test_marginals_use_the_matrix_form_and_inputs_are_validated():
     w = Marginals([2, 3, 2], k=2)
     assert isinstance(query_rows(w), MatrixRows)
-    with pytest.raises(ValueError, match="full column rank"):
-        solve_minimax(w)  # 2-way marginals of 2x3x2 have rank 10 < 12
-    with pytest.raises(ValueError, match="full column rank"):
-        solve_minimax(WidthK(16, 4))
     with pytest.raises(ValueError):
         solve_minimax(w, -np.ones(w.m))
     with pytest.raises(ValueError):

@@ -32,12 +32,25 @@ within 9e-7 of the optimum when the best inner point was still 1.3e-5 above it. 
 stalled near 1e-3. At an optimal u* with G_{u*} nonsingular the inner optimum is unique and is then the
 minimax strategy, so both candidates converge to it. Convergence is first order: Prefix(16) needs 15
 iterations, AllRange(16) 375; non-uniform targets can stall the ascent (Prefix(12) with c in [1, 3]
-stopped at a 3.8e-4 gap), and rank-deficient W are refused (see _FULL_RANK_RTOL).
+stopped at a 3.8e-4 gap).
+
+Variances in the row space. For a singular Gram (rank-deficient W: WidthK, WRange with m < n,
+marginals without the full table) the sum optimum is singular (rank k = rank W, range = W's row
+space), and `convex_dp` returns the positive definite "range complement" X(d)/m + diag(1 - diag X(d)/m)
+with cond ~ 1e14: measured, variances through its Cholesky factor were off by 0.3% (and by 4e-6
+through a QR of its factor A), so the "upper" bound fell below the certified lower one. The solver
+therefore uses the inner solver's uniformly scaled factor A_uni = Y / sqrt(m) (the first k rows of
+extra["A"]: range(G) exactly, diag <= 1) and an orthonormal basis U (n x k) of W's row space
+(eigenvectors of W^T C^{-1} W above `_ROW_SPACE_RTOL`): with B = A_uni U (k x k), X = U B^T B U^T and
+Var_i = w_i X^+ w_i^T = ||v_i R^{-1}||^2, v_i = w_i U, R the triangular factor of a QR decomposition of
+B. R is conditioned like X restricted to the row space (moderate), not like the completed X. The
+averaged strategy keeps its own k x k factor, the R of [sqrt(a) R_avg; sqrt(1 - a) R]. For W of full
+column rank U = I and B = A (the inner solver's "diagonal rescaling", diag(X) = 1).
 
 Range workloads (AllRange, Prefix, WidthK, WRange and any 0/1 workload of contiguous rows) are held
 as pairs of boundaries: query [a, b] is e_{b+1} - e_a on the n + 1 prefix boundaries, so G_u is two
 reversed cumulative sums of an (n+1) x (n+1) weighted Laplacian and all m variances come from
-Q = B X^{-1} B^T in O(m + n^2) after one Cholesky factorisation: AllRange(1024) (524,800 queries) never
+Q = B X^+ B^T in O(m + n^2) after one triangular factorisation: AllRange(1024) (524,800 queries) never
 materialises W.
 """
 
@@ -64,6 +77,7 @@ __all__ = [
     "RangeRows",
     "epsilon_analytic",
     "epsilon_classic",
+    "factor_variances",
     "fitness_for_use",
     "query_rows",
     "query_variances",
@@ -73,10 +87,11 @@ __all__ = [
 #: A step is accepted when the inner dual bound does not fall by more than this relative amount (the
 #: bound is computed from singular values to about this accuracy).
 _ASCENT_RTOL = 1e-13
-#: W^T W counts as nonsingular when its eigenvalues exceed this times the largest one. Rank-deficient
-#: workloads (WidthK, WRange with m < n, marginals without the full table) are refused: measured, their
-#: strategies have cond(X) ~ 1e14 and the Cholesky variances lost 0.3% (a lower bound above the upper).
-_FULL_RANK_RTOL = 1e-10
+#: Row-space cut: an eigenvalue of W^T C^{-1} W counts as nonzero above this times the largest. eigh is
+#: backward stable, so a zero eigenvalue comes out at most about n * eps * lam_max in size (2.3e-13 at
+#: n = 1024); the cut is above the inner solver's RANK_TOL (1e-12), so both see the same rank for u
+#: near uniform.
+_ROW_SPACE_RTOL = 1e-10
 
 
 class MatrixRows:
@@ -178,6 +193,40 @@ def query_variances(rows: MatrixRows | RangeRows, X: np.ndarray, rank_rtol: floa
     return var
 
 
+def factor_variances(rows: MatrixRows | RangeRows, R: np.ndarray, U: np.ndarray | None = None) -> np.ndarray:
+    """w_i X^+ w_i^T for X = U R^T R U^T (R (k, k) upper triangular; U (n, k) orthonormal, None = I).
+
+    X^+ = F F^T with F = U R^{-1}; inf for every query when R has a zero or non-finite entry on its
+    diagonal (X singular on the row space).
+    """
+    if not np.isfinite(R).all() or np.abs(np.diag(R)).min() <= 0.0:
+        return np.full(rows.m, np.inf)
+    F = sla.solve_triangular(R, np.eye(R.shape[0]), lower=False, check_finite=False)
+    return rows.variances(F if U is None else U @ F)
+
+
+def _triangular_factor(A: np.ndarray) -> np.ndarray:
+    """R (k, k) upper triangular with R^T R = A^T A (A (r, k); zero rows appended when r < k)."""
+    k = A.shape[1]
+    if A.shape[0] < k:
+        A = np.vstack([A, np.zeros((k - A.shape[0], k))])
+    return sla.qr(A, mode="r", check_finite=False)[0][:k]
+
+
+def _gram(R: np.ndarray, U: np.ndarray | None) -> np.ndarray:
+    """X = U R^T R U^T, symmetrised."""
+    F = R if U is None else R @ U.T
+    X = F.T @ F
+    return (X + X.T) / 2.0
+
+
+def _unit_diag(R: np.ndarray, U: np.ndarray | None) -> np.ndarray:
+    """R scaled so that diag(U R^T R U^T) <= 1 (divided by sqrt of the largest entry when it exceeds 1)."""
+    F = R if U is None else R @ U.T
+    top = float(np.einsum("ij,ij->j", F, F).max())
+    return R / math.sqrt(top) if top > 1.0 else R
+
+
 def solve_minimax(
     workload: Workload | np.ndarray,
     targets: np.ndarray | float = 1.0,
@@ -203,7 +252,8 @@ def solve_minimax(
 
     Returns a SolverResult: x = X (n, n) with diag(X) <= 1, fun = its max_i Var_i / c_i (the upper
     bound), dual_bound = the best certified lower bound, gap = relative gap. extra: "u" (query weights
-    of the best lower bound), "variances" (Var_i(X), unweighted), "d" (inner multipliers),
+    of the best lower bound), "variances" (Var_i(X), unweighted), "d" (inner multipliers), "R" and
+    "basis" (X = U R^T R U^T with U = basis, None for I; the variances are computed from R),
     "upper_source" ("inner" or "average"), "inner_solves", "history".
     """
     t_wall, t_cpu = time.perf_counter(), time.process_time()
@@ -220,13 +270,9 @@ def solve_minimax(
     if c.shape != (rows.m,) or not np.isfinite(c).all() or (c <= 0).any():
         raise ValueError(f"targets must be one number or ({rows.m},) finite values > 0")
     inner_tol = 1e-12 if inner_tol is None else float(inner_tol)
-    lam = np.linalg.eigvalsh(rows.gram(1.0 / c))
-    if lam[0] <= _FULL_RANK_RTOL * lam[-1]:
-        raise ValueError(
-            "solve_minimax needs W of full column rank (W^T W nonsingular; smallest/largest eigenvalue "
-            f"{lam[0] / lam[-1]:.1e}): for a rank-deficient W the sum optimum X is singular and the "
-            "variances of a nearly singular X are not computed accurately enough to certify"
-        )
+    lam, Qg = np.linalg.eigh(rows.gram(1.0 / c))
+    keep = lam > _ROW_SPACE_RTOL * lam[-1]
+    U = None if keep.all() else Qg[:, keep]  # row-space basis when W is rank deficient (module docstring)
 
     def inner(u: np.ndarray, d: np.ndarray | None) -> tuple[SolverResult, np.ndarray, np.ndarray]:
         G = rows.gram(u / c)
@@ -234,8 +280,12 @@ def solve_minimax(
             d = np.maximum(d, 1e-14 * d.max())
         remaining = None if time_limit is None else max(time_limit - (time.perf_counter() - t_wall), 1e-3)
         res = solve_convex_dp(G, tol=inner_tol, x0=d, time_limit=remaining)
-        X = res.x / max(float(np.diag(res.x).max()), 1.0)  # diag <= 1 (the solver already ensures it)
-        return res, X, query_variances(rows, X) / c
+        # X, X_avg and best_X below are k x k triangular factors R (strategy Gram U R^T R U^T).
+        A = np.asarray(res.extra["A"], dtype=float)
+        if U is not None:
+            A = A[: int(res.extra["rank"])] @ U  # the uniformly scaled part, range(G) (module docstring)
+        R = _unit_diag(_triangular_factor(A), U)
+        return res, R, factor_variances(rows, R, U) / c
 
     u = np.full(rows.m, 1.0 / rows.m)
     res, X, g = inner(u, None)
@@ -248,8 +298,10 @@ def solve_minimax(
     status, message, nit = MAX_ITER, f"reached max_iter = {max_iter}", 0
     for nit in range(max_iter + 1):
         if nit > 0:
-            X_avg = averaging * X_avg + (1.0 - averaging) * X
-            g_avg = query_variances(rows, X_avg) / c
+            X_avg = _unit_diag(
+                _triangular_factor(np.vstack([math.sqrt(averaging) * X_avg, math.sqrt(1.0 - averaging) * X])), U
+            )
+            g_avg = factor_variances(rows, X_avg, U) / c
             if g_avg.max() < upper:
                 upper, best_X, best_var, source = float(g_avg.max()), X_avg.copy(), g_avg, "average"
         gap = relative_gap(upper, lower)
@@ -288,8 +340,10 @@ def solve_minimax(
         if not accepted:
             status, message = STALLED, f"no ascent step found at gap {gap:.2e}"
             break
+    X_best = _gram(best_X, U)
+    X_best /= max(float(np.diag(X_best).max()), 1.0)
     return SolverResult(
-        x=best_X,
+        x=X_best,
         fun=upper,
         status=status,
         message=message,
@@ -304,6 +358,8 @@ def solve_minimax(
             "variances": best_var * c,
             "d": res.extra["d"],
             "upper_source": source,
+            "R": best_X,
+            "basis": U,
             "inner_solves": n_solves,
             "history": history,
         },
