@@ -1,0 +1,179 @@
+"""Certified minimax per-query variance (`dpopt.solvers.minimax`) against the sum optimum and the conic model.
+
+Part 1: `solve_minimax` (unit targets, certified relative gap --tol) on AllRange, Prefix and Width32
+(WidthK(n, 32), rank n - 31) at n = 64 and 256, and at 1024 when the n = 256 run of that workload
+converged fast enough that 64 times its wall time (the O(n^3) inner solves) stays under 3 minutes.
+Each run gets a wall-clock budget (--budget seconds); a run that reaches it stops with status
+time_limit and reports the certified gap it reached. Wall and CPU seconds are medians of 3 runs (1 run
+when the budget ran out: repeating it would only repeat the budget). Beside it, the sum-optimal
+strategy (`solve_convex_dp`, gap 1e-10) and what each pays under unit noise (P = 1): the largest
+per-query standard deviation sqrt(max_i Var_i) and the total squared error sum_i Var_i.
+
+Part 2: the conic minimax model (`formulations.minimax`, SCS at eps --scs-tol, limit --scs-limit s) on
+Prefix and AllRange at n = 64 and 128, with its CPU seconds over `solve_minimax`'s on the same row.
+
+BLAS is limited to one thread (threadpoolctl).
+
+    .venv/bin/python -m benchmarks.bench_minimax [--budget 60] [--tol 1e-6]
+
+writes benchmarks/results/minimax.csv and benchmarks/results/minimax.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from threadpoolctl import threadpool_limits
+
+from dpopt.solvers.convex_dp import solve_convex_dp
+from dpopt.solvers.minimax import factor_variances, query_rows, solve_minimax
+from dpopt.workloads import AllRange, Prefix, WidthK
+from formulations import minimax as minimax_model
+from formulations.solve import solve
+
+RESULTS = Path(__file__).resolve().parent / "results"
+MAKE = {"all-range": AllRange, "prefix": Prefix, "width32": lambda n: WidthK(n, 32)}
+
+
+def row_basis(rows) -> np.ndarray | None:
+    """Orthonormal basis of the row space when W is rank deficient (as solve_minimax chooses it)."""
+    lam, Q = np.linalg.eigh(rows.gram(np.ones(rows.m)))
+    keep = lam > 1e-10 * lam[-1]
+    return None if keep.all() else Q[:, keep]
+
+
+def run_minimax(name: str, n: int, tol: float, budget: float) -> dict:
+    w = MAKE[name](n)
+    walls, cpus, res = [], [], None
+    for _ in range(3):
+        res = solve_minimax(w, tol=tol, time_limit=budget)
+        walls.append(res.wall_seconds)
+        cpus.append(res.cpu_seconds)
+        if res.status != "converged":
+            break
+    rows = query_rows(w)
+    U = row_basis(rows)
+    var_mm = res.extra["variances"]
+    G = rows.gram(np.ones(rows.m))
+    t0 = time.process_time()
+    s = solve_convex_dp(G, tol=1e-10)
+    sum_cpu = time.process_time() - t0
+    # Same evaluation as solve_minimax: the strategy factor, in the row-space basis when W is rank deficient.
+    A = np.asarray(s.extra["A"], dtype=float)
+    if U is not None:
+        A = A[: int(s.extra["rank"])] @ U
+    R = np.linalg.qr(A, mode="r")
+    F = R if U is None else R @ U.T
+    R = R / np.sqrt(max(float(np.einsum("ij,ij->j", F, F).max()), 1.0))
+    var_sum = factor_variances(rows, R, U)
+    return {
+        "workload": name,
+        "n": n,
+        "m": rows.m,
+        "status": res.status,
+        "runs": len(walls),
+        "wall_s": statistics.median(walls),
+        "cpu_s": statistics.median(cpus),
+        "outer_iters": res.nit,
+        "inner_solves": res.extra["inner_solves"],
+        "upper": res.fun,
+        "lower": res.dual_bound,
+        "gap": res.gap,
+        "minimax_max_std": float(np.sqrt(var_mm.max())),
+        "minimax_total": float(var_mm.sum()),
+        "sum_opt_max_std": float(np.sqrt(var_sum.max())),
+        "sum_opt_total": float(var_sum.sum()),
+        "sum_opt_gap": s.gap,
+        "sum_opt_cpu_s": sum_cpu,
+    }
+
+
+def write(rows: list[dict], conic: list[dict], args: argparse.Namespace) -> None:
+    """Write the csv and md tables (after every row, so an interrupted run keeps what it measured)."""
+    df = pd.DataFrame(rows)
+    dc = pd.DataFrame(conic)
+    out = pd.concat([df.assign(part="minimax"), dc.assign(part="conic")], ignore_index=True)
+    out.to_csv(RESULTS / "minimax.csv", index=False)
+    with open(RESULTS / "minimax.md", "w") as f:
+        f.write("# Certified minimax per-query variance (benchmarks/bench_minimax.py)\n\n")
+        f.write(
+            f"One BLAS thread; solve_minimax at certified gap {args.tol:g} with a {args.budget:g} s wall budget per "
+            "run (status time_limit: the gap reached is reported); seconds are medians of `runs` runs. "
+            "Unit noise (P = 1): max std = sqrt(max_i Var_i), total = sum_i Var_i, for the minimax "
+            "strategy and for the sum-optimal one (solve_convex_dp, gap 1e-10).\n\n"
+        )
+        cols = ["workload", "n", "m", "status", "runs", "wall_s", "cpu_s", "outer_iters", "inner_solves",
+                "lower", "upper", "gap", "minimax_max_std", "sum_opt_max_std", "minimax_total", "sum_opt_total"]
+        f.write(df[cols].to_markdown(index=False, floatfmt=".4g") + "\n\n")
+        if len(dc):
+            f.write(
+                f"## Conic model (formulations.minimax, SCS eps {args.scs_tol:g}, limit {args.scs_limit:g} s) "
+                "against solve_minimax (CPU seconds)\n\n"
+            )
+            f.write(dc.to_markdown(index=False, floatfmt=".4g") + "\n")
+
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--budget", type=float, default=60.0, help="wall seconds per solve_minimax run")
+    ap.add_argument("--tol", type=float, default=1e-6)
+    ap.add_argument("--scs-tol", type=float, default=1e-6)
+    ap.add_argument("--scs-limit", type=float, default=120.0)
+    ap.add_argument("--workloads", default="all-range,prefix,width32")
+    ap.add_argument("--sizes", default="64,128,256,1024", help="n values (1024 only under the rule above)")
+    ap.add_argument("--append", action="store_true", help="keep the rows already in results/minimax.csv")
+    args = ap.parse_args()
+    RESULTS.mkdir(exist_ok=True)
+    rows: list[dict] = []
+    conic: list[dict] = []
+    if args.append and (RESULTS / "minimax.csv").exists():
+        old = pd.read_csv(RESULTS / "minimax.csv")
+        rows = [{k: v for k, v in r.items() if pd.notna(v)} for r in old[old.part == "minimax"].to_dict("records")]
+        conic = [{k: v for k, v in r.items() if pd.notna(v)} for r in old[old.part == "conic"].to_dict("records")]
+    with threadpool_limits(limits=1, user_api="blas"):
+        for name in args.workloads.split(","):
+            for n in (int(v) for v in args.sizes.split(",")):
+                if n == 128 and name == "width32":
+                    continue
+                if n == 1024:
+                    prev = [r for r in rows if r["workload"] == name and r["n"] == 256]
+                    if not prev or prev[0]["status"] != "converged" or 64 * prev[0]["wall_s"] > 180:
+                        continue
+                r = run_minimax(name, n, args.tol, args.budget)
+                r["part"] = "minimax"
+                rows.append(r)
+                print({k: r[k] for k in ("workload", "n", "status", "wall_s", "cpu_s", "gap")}, flush=True)
+                write(rows, conic, args)
+                if n in (64, 128) and name in ("prefix", "all-range"):
+                    w = MAKE[name](n)
+                    ref = solve(
+                        minimax_model.build(w, 1.0), "scs", tol=args.scs_tol, time_limit=args.scs_limit,
+                        accept_inaccurate=True,
+                    )
+                    c = {
+                        "workload": name,
+                        "n": n,
+                        "scs_status": ref.status,
+                        "scs_objective": ref.objective,
+                        "scs_iterations": ref.iterations,
+                        "scs_wall_s": ref.solve_seconds,
+                        "scs_cpu_s": ref.solve_cpu_seconds,
+                        "minimax_upper": r["upper"],
+                        "minimax_lower": r["lower"],
+                        "minimax_cpu_s": r["cpu_s"],
+                        "cpu_ratio_scs_over_minimax": ref.solve_cpu_seconds / r["cpu_s"],
+                        "scs_rel_diff": (ref.objective - r["upper"]) / r["upper"],
+                    }
+                    conic.append(c)
+                    print(c, flush=True)
+                    write(rows, conic, args)
+
+
+if __name__ == "__main__":
+    main()
