@@ -68,7 +68,14 @@ import scipy.sparse as sp
 
 from dpopt.privacy import analytic_gaussian_sigma
 from dpopt.solvers.convex_dp import solve_convex_dp
-from dpopt.solvers.result import CONVERGED, MAX_ITER, STALLED, TIME_LIMIT, SolverResult, relative_gap
+from dpopt.solvers.result import (
+    CONVERGED,
+    MAX_ITER,
+    STALLED,
+    TIME_LIMIT,
+    SolverResult,
+    relative_gap,
+)
 from dpopt.workloads import AllRange, Prefix, Workload
 
 __all__ = [
