@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import cvxpy as cp
 import numpy as np
 import pytest
+from conftest import require_shared
 
 from dpopt.baselines import hierarchical_strategy, identity_strategy, wavelet_strategy
 from dpopt.bounds import svd_bound_from_gram
@@ -39,7 +39,6 @@ SCS_TOL_MODEL = {"per_query": 1e-6, "appendix_b": 1e-6}
 # families agree at 1e-6.
 SCS_TOL_CASE = {("appendix_b", "allrange", 64): 1e-7, ("appendix_b", "prefix", 64): 1e-7}
 GAUSS = Privacy(1.0, 1e-6)
-REFERENCE = Path(__file__).resolve().parents[1] / ".." / "shared" / "reference" / "hdmm-oned.csv"
 
 
 def family(name: str, n: int):
@@ -463,11 +462,10 @@ def test_per_query_whitened_rows_form_a_tight_frame():
 @pytest.mark.slow
 @pytest.mark.parametrize("wname", ["all-range", "prefix", "width32"])
 def test_sdp_against_hdmm_table_n128(wname):
-    if not REFERENCE.exists():
-        pytest.skip(f"reference table {REFERENCE} not present")
     import pandas as pd
 
-    row = pd.read_csv(REFERENCE).query("domain == 128 and workload == @wname").iloc[0]
+    reference = require_shared("reference/hdmm-oned.csv")  # fails under CI=true when absent
+    row = pd.read_csv(reference).query("domain == 128 and workload == @wname").iloc[0]
     w = {"all-range": AllRange(128), "prefix": Prefix(128), "width32": WidthK(128, 32)}[wname]
     res = solve(mm_approx.build(w), "scs", tol=1e-7)
     rmse = math.sqrt(res.objective / w.m)
