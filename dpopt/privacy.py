@@ -88,7 +88,7 @@ class Privacy:
         """delta the Gaussian sigma_factor actually gives at epsilon (Balle and Wang 2018, Thm. 8); 0 for Laplace."""
         if self.is_pure:
             return 0.0
-        return _analytic_delta(self.sigma_factor, self.epsilon, 1.0)
+        return gaussian_delta(self.sigma_factor, 1.0, self.epsilon)
 
     def noise_scale(self, sensitivity: float) -> float:
         """Laplace scale b = sens1/eps, or Gaussian sigma = sens2 * sigma_factor."""
@@ -108,14 +108,19 @@ class Privacy:
         return rng.normal(0.0, scale, size=size)
 
 
-def _analytic_delta(sigma: float, eps: float, sens: float) -> float:
-    """delta achieved by Gaussian noise sigma at eps (Balle and Wang 2018, Thm. 8), in log space."""
-    a = sens / (2 * sigma) - eps * sigma / sens
-    b = -sens / (2 * sigma) - eps * sigma / sens
-    la, lb = log_ndtr(a), eps + log_ndtr(b)
+def gaussian_delta(sigma: float, sens2: float, epsilon: float) -> float:
+    """Exact delta of the Gaussian mechanism at epsilon (Balle and Wang, ICML 2018, Thm. 8).
+
+    delta = Phi(D/(2 s) - eps s/D) - e^eps Phi(-D/(2 s) - eps s/D), D = sens2, s = sigma; computed in
+    log space. This is the continuous Gaussian's guarantee; release mode charges what OpenDP certifies
+    for its own measurement instead (`dpopt.release.certified_gaussian_sigma`), a larger sigma.
+    """
+    a = sens2 / (2.0 * sigma) - epsilon * sigma / sens2
+    b = -sens2 / (2.0 * sigma) - epsilon * sigma / sens2
+    la, lb = float(log_ndtr(a)), epsilon + float(log_ndtr(b))
     if lb >= la:
         return 0.0
-    return float(math.exp(la) * -math.expm1(lb - la))
+    return math.exp(la) * -math.expm1(lb - la)
 
 
 def analytic_gaussian_sigma(eps: float, delta: float, sens: float = 1.0, rtol: float = 1e-12) -> float:
@@ -123,13 +128,13 @@ def analytic_gaussian_sigma(eps: float, delta: float, sens: float = 1.0, rtol: f
     if eps <= 0 or not 0 < delta < 1 or sens <= 0:
         raise ValueError(f"need eps > 0, 0 < delta < 1, sens > 0; got {eps}, {delta}, {sens}")
     lo, hi = 1e-6 * sens, sens
-    while _analytic_delta(hi, eps, sens) > delta:
+    while gaussian_delta(hi, sens, eps) > delta:
         hi *= 2.0
-    while _analytic_delta(lo, eps, sens) <= delta:
+    while gaussian_delta(lo, sens, eps) <= delta:
         lo /= 2.0
     while hi - lo > rtol * hi:
         mid = 0.5 * (lo + hi)
-        if _analytic_delta(mid, eps, sens) > delta:
+        if gaussian_delta(mid, sens, eps) > delta:
             lo = mid
         else:
             hi = mid

@@ -59,10 +59,9 @@ except ImportError:  # pragma: no cover - not POSIX
 import numpy as np
 import pandas as pd
 import scipy.sparse as sp
-from scipy.special import log_ndtr
 
 from dpopt.data import Domain
-from dpopt.privacy import Privacy
+from dpopt.privacy import Privacy, gaussian_delta
 from dpopt.queries import DomainMismatchError, check_domain
 from dpopt.validation import check_finite_vector
 
@@ -241,21 +240,6 @@ def _certified_gaussian_sigma(sens2: float, epsilon: float, delta: float) -> flo
 
 
 # -- privacy arithmetic ---------------------------------------------------------------------------
-def gaussian_delta(sigma: float, sens2: float, epsilon: float) -> float:
-    """Exact delta of the Gaussian mechanism at epsilon (Balle and Wang, ICML 2018, Thm. 8).
-
-    delta = Phi(D/(2 s) - eps s/D) - e^eps Phi(-D/(2 s) - eps s/D), D = sens2, s = sigma; computed
-    in log space.  This is the continuous Gaussian's guarantee; release mode charges what OpenDP
-    certifies for its own measurement instead (``certified_gaussian_sigma``), a larger sigma.
-    """
-    a = sens2 / (2.0 * sigma) - epsilon * sigma / sens2
-    b = -sens2 / (2.0 * sigma) - epsilon * sigma / sens2
-    la, lb = float(log_ndtr(a)), epsilon + float(log_ndtr(b))
-    if lb >= la:
-        return 0.0
-    return math.exp(la) * -math.expm1(lb - la)
-
-
 def zcdp_to_dp_epsilon(rho: float, delta: float) -> float:
     """epsilon = rho + 2 sqrt(rho ln(1/delta)): rho-zCDP implies (epsilon, delta)-DP (Bun and
     Steinke, TCC 2016, Prop. 1.3), for every 0 < delta < 1."""
