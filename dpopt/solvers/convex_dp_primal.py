@@ -31,12 +31,11 @@ import scipy.linalg as sla
 
 from dpopt.solvers.convex_dp_core import certified_status, dual_bound_from_factor
 from dpopt.solvers.result import (
-    CONVERGED,
     MAX_ITER,
     STALLED,
-    TIME_LIMIT,
     SolverResult,
     relative_gap,
+    stop_rule,
 )
 
 _ARMIJO = 1e-4
@@ -189,17 +188,11 @@ def solve_primal(
             best_dual, best_d = dual, d
         gap = relative_gap(f_true, best_dual)
         history.append({"nit": nit, "fun": f_true, "dual": best_dual, "gap": gap, "ninner": ninner})
-        if callback is not None and callback({"nit": nit, "X": model.X, "fun": f_true,
-                                              "dual_bound": best_dual, "gap": gap}):
-            status, message = STALLED, "stopped by callback"
-            break
-        if gap <= tol:
-            status, message = CONVERGED, f"certified relative gap {gap:.2e} <= tol {tol:.1e}"
-            break
-        if nit == max_iter:
-            break
-        if time_limit is not None and time.perf_counter() - t_wall > time_limit:
-            status, message = TIME_LIMIT, f"time limit {time_limit:g} s reached"
+        report = {"nit": nit, "X": model.X, "fun": f_true, "dual_bound": best_dual, "gap": gap}
+        stop = stop_rule(callback is not None and bool(callback(report)), gap, tol, nit, max_iter,
+                         time.perf_counter() - t_wall, time_limit)
+        if stop is not None:
+            status, message = stop
             break
         rhs = model.K.copy()  # minus the gradient, projected on diag(D) = 0
         np.fill_diagonal(rhs, 0.0)

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from dpopt.solvers.result import CONVERGED, MAX_ITER, STALLED, TIME_LIMIT, relative_gap
+from dpopt.solvers.result import MAX_ITER, STALLED, relative_gap, stop_rule
 
 _ARMIJO = 1e-4
 _MAX_BACKTRACK = 30
@@ -181,18 +181,11 @@ def maximise_dual(
                 best_primal, best_cand = cand.fun, cand
         gap = relative_gap(best_primal, best_dual)
         history.append({"nit": nit, "primal": best_primal, "dual": best_dual, "gap": gap, "ninner": ninner})
-        if callback is not None and callback(
-            {"nit": nit, "d": point.d, "fun": best_primal, "dual_bound": best_dual, "gap": gap}
-        ):
-            status, message = STALLED, "stopped by callback"
-            break
-        if gap <= tol:
-            status, message = CONVERGED, f"certified relative gap {gap:.2e} <= tol {tol:.1e}"
-            break
-        if nit == max_iter:
-            break
-        if time_limit is not None and time.perf_counter() - t_start > time_limit:
-            status, message = TIME_LIMIT, f"time limit {time_limit:g} s reached"
+        report = {"nit": nit, "d": point.d, "fun": best_primal, "dual_bound": best_dual, "gap": gap}
+        stop = stop_rule(callback is not None and bool(callback(report)), gap, tol, nit, max_iter,
+                         time.perf_counter() - t_start, time_limit)
+        if stop is not None:
+            status, message = stop
             break
         grad = point.x - 1.0
         pg_norm = point.projected_grad_norm()

@@ -69,12 +69,11 @@ import scipy.sparse as sp
 from dpopt.privacy import analytic_gaussian_sigma
 from dpopt.solvers.convex_dp import solve_convex_dp
 from dpopt.solvers.result import (
-    CONVERGED,
     MAX_ITER,
     STALLED,
-    TIME_LIMIT,
     SolverResult,
     relative_gap,
+    stop_rule,
 )
 from dpopt.workloads import AllRange, Prefix, Workload
 
@@ -313,18 +312,11 @@ def solve_minimax(
                 upper, best_X, best_var, source = float(g_avg.max()), X_avg.copy(), g_avg, "average"
         gap = relative_gap(upper, lower)
         history.append({"nit": nit, "upper": upper, "lower": lower, "gap": gap, "step": p, "solves": n_solves})
-        if callback is not None and callback(
-            {"nit": nit, "fun": upper, "dual_bound": lower, "gap": gap, "u": u}
-        ):
-            status, message = STALLED, "stopped by callback"
-            break
-        if gap <= tol:
-            status, message = CONVERGED, f"certified relative gap {gap:.2e} <= tol {tol:.1e}"
-            break
-        if nit == max_iter:
-            break
-        if time_limit is not None and time.perf_counter() - t_wall > time_limit:
-            status, message = TIME_LIMIT, f"time limit {time_limit:g} s reached"
+        report = {"nit": nit, "fun": upper, "dual_bound": lower, "gap": gap, "u": u}
+        stop = stop_rule(callback is not None and bool(callback(report)), gap, tol, nit, max_iter,
+                         time.perf_counter() - t_wall, time_limit)
+        if stop is not None:
+            status, message = stop
             break
         F = float(u @ g)
         accepted = False

@@ -65,3 +65,22 @@ class SolverResult:
 def relative_gap(primal: float, dual: float) -> float:
     """Relative duality gap (primal - dual) / max(|primal|, tiny)."""
     return float((primal - dual) / max(abs(primal), np.finfo(float).tiny))
+
+
+def stop_rule(
+    callback_stop: bool, gap: float, tol: float, nit: int, max_iter: int, elapsed: float,
+    time_limit: float | None,
+) -> tuple[str, str] | None:
+    """The certified iterative solvers' stopping rule: callback, certified gap, iteration cap, time limit.
+
+    Returns the (status, message) to stop with, in that order of precedence, or None to go on.
+    """
+    if callback_stop:
+        return STALLED, "stopped by callback"
+    if gap <= tol:
+        return CONVERGED, f"certified relative gap {gap:.2e} <= tol {tol:.1e}"
+    if nit == max_iter:
+        return MAX_ITER, f"reached max_iter = {max_iter}"
+    if time_limit is not None and elapsed > time_limit:
+        return TIME_LIMIT, f"time limit {time_limit:g} s reached"
+    return None
