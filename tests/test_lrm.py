@@ -412,5 +412,7 @@ def test_time_limit_can_return_a_start_that_never_ran():
     B, L = res.x
     assert res.status == TIME_LIMIT
     assert res.extra["start"] == "identity" and math.isnan(res.extra["beta"])
-    # The identity start is exact: L = I (unit L1 columns) and B = W, so the residual is exactly 0.
-    assert np.abs(L).sum(axis=0).max() <= 1.0 and np.linalg.norm(W - B @ L) == 0.0
+    # The identity start is exact: L = I (unit L1 columns) and B = W pinv(I); pinv is backward stable,
+    # so the residual is at most a few n eps ||W||_F (4 n eps stated here), not exactly 0 on every BLAS.
+    assert np.abs(L).sum(axis=0).max() <= 1.0
+    assert np.linalg.norm(W - B @ L) <= 4 * W.shape[1] * np.finfo(float).eps * np.linalg.norm(W)
