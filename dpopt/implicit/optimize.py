@@ -47,15 +47,12 @@ from dpopt.implicit.workloads import (
     as_implicit,
 )
 from dpopt.privacy import Privacy
-from dpopt.solvers.result import CONVERGED, TIME_LIMIT, SolverResult
+from dpopt.solvers.result import CONVERGED, MIN_SOLVER_SECONDS, TIME_LIMIT, SolverResult
 from dpopt.strategy import Strategy
 from dpopt.workloads import GramWorkload, Workload
 
 FactorSolver = Callable[[np.ndarray], tuple[np.ndarray, SolverResult]]
 Progress = Callable[[dict[str, Any]], None]
-# A solver given a deadline already past gets this many seconds (solve_convex_dp accepts only > 0): it
-# stops at its first deadline check with its start, a valid strategy (as dpopt.mechanisms.base does).
-MIN_SOLVER_SECONDS = 1e-9
 
 
 def _past(deadline: float | None) -> bool:

@@ -20,6 +20,7 @@ import numpy as np
 from dpopt.bounds import svd_bound
 from dpopt.error import ErrorReport, expected_error, noisy_answers
 from dpopt.privacy import Privacy
+from dpopt.solvers.result import MIN_SOLVER_SECONDS
 from dpopt.strategy import Strategy
 from dpopt.validation import check_finite_vector
 from dpopt.workloads import MAX_DENSE_ENTRIES, Workload, as_workload
@@ -74,10 +75,6 @@ class FitBudget:
 
 # The budget of the fits running in this context (see `fit_budget`).
 _BUDGET: ContextVar[FitBudget] = ContextVar("dpopt_fit_budget", default=FitBudget())  # noqa: B039 (frozen)
-# A solver handed a budget already spent gets this many seconds instead (they accept only > 0): it
-# stops at its first deadline check, with its start (a valid strategy for every solver here) or one
-# step from it.
-MIN_SOLVER_SECONDS = 1e-9
 
 
 def check_time_limit(time_limit: Any) -> float | None:

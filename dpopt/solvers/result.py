@@ -12,6 +12,10 @@ CONVERGED = "converged"
 MAX_ITER = "max_iter"
 TIME_LIMIT = "time_limit"
 STALLED = "stalled"
+# A solver handed a budget already spent gets this many seconds instead (they accept only > 0): it
+# stops at its first deadline check, with its start (a valid strategy for every solver here) or one
+# step from it.
+MIN_SOLVER_SECONDS = 1e-9
 FAILED = "failed"
 
 
