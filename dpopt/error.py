@@ -175,16 +175,28 @@ def monte_carlo_error(
     workload = as_workload(workload)
     strategy.check_supports(workload, rtol)
     x = check_finite_vector(x, "data vector x", workload.n)
+    B = strategy.reconstruct(workload)
+    return monte_carlo_total(
+        lambda k: noisy_answers(strategy, workload, privacy, x, rng, k, B=B), workload.sparse() @ x, trials, batch
+    )
+
+
+def monte_carlo_total(
+    draw: Callable[[int], np.ndarray], truth: np.ndarray, trials: int = 2000, batch: int = 200
+) -> pd.DataFrame:
+    """Sample mean and standard error of ||answers - truth||^2 over `trials` draws; draw(k) gives k answer rows.
+
+    Returns a one-row DataFrame: trials, total_mean, total_se, rmse, per_query_mean (array).
+    """
     if trials < 2:
         raise ValueError(f"trials must be at least 2, got {trials}")
-    truth = workload.sparse() @ x
-    B = strategy.reconstruct(workload)
+    truth = np.asarray(truth, dtype=float)
     totals = []
-    sq_sum = np.zeros(workload.m)
+    sq_sum = np.zeros(truth.size)
     done = 0
     while done < trials:
         k = min(batch, trials - done)
-        err = noisy_answers(strategy, workload, privacy, x, rng, k, B=B) - truth
+        err = np.asarray(draw(k)).reshape(k, truth.size) - truth
         totals.append(np.sum(err**2, axis=1))
         sq_sum += np.sum(err**2, axis=0)
         done += k
@@ -194,7 +206,7 @@ def monte_carlo_error(
             "trials": [trials],
             "total_mean": [float(t.mean())],
             "total_se": [float(t.std(ddof=1) / math.sqrt(trials))],
-            "rmse": [float(math.sqrt(t.mean() / workload.m))],
+            "rmse": [float(math.sqrt(t.mean() / truth.size))],
         }
     ).assign(per_query_mean=[sq_sum / trials])
 
