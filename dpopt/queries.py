@@ -6,9 +6,10 @@ is the indicator of the selected cells, built as the Kronecker product (in domai
 0/1 vector per attribute (all ones for an attribute the condition does not mention).  This is the
 same row-major cell order as ``dpopt.data`` and ``numpy.ravel_multi_index``.
 
-Every builder returns a ``dpopt.workloads.ExplicitWorkload`` holding a sparse W, a label per row
-("sex=F & race=2", "20 <= age <= 29") and the Domain it is over (``workload.domain``); answering it
-on data over another domain is refused by ``check_domain``.
+Every builder returns one of dpopt's structured workloads (``Kron``, ``Marginals``, ``Stack`` of
+Kronecker products), never a matrix over the whole domain, bound to the Domain it is over
+(``workload.domain``) with a label per row ("sex=F & race=2", "20 <= age <= 29"); answering it on
+data over another domain is refused by ``check_domain``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from dpopt.data import Attribute, Domain, NumericBins, _fmt_num
-from dpopt.workloads import ExplicitWorkload, Workload
+from dpopt.workloads import ExplicitWorkload, Identity, Kron, Marginals, Stack, Workload
 
 __all__ = [
     "Condition",
@@ -233,18 +234,27 @@ class And(Condition):
 
 
 # -- builders ------------------------------------------------------------------------------------
-def _workload(W: sp.spmatrix, name: str, labels: list[str], domain: Domain) -> ExplicitWorkload:
-    return ExplicitWorkload(sp.csr_matrix(W, dtype=float), name=name, row_labels=labels,
-                            domain=domain)
+def _factor(a: Attribute, rows: np.ndarray | sp.spmatrix | None, name: str) -> Workload:
+    """One attribute's factor: the given rows over its codes, or the all-ones row that sums it out."""
+    if rows is None:
+        return ExplicitWorkload(np.ones((1, a.size)), name=f"sum({a.name})")
+    return ExplicitWorkload(sp.csr_matrix(rows, dtype=float), name=name)
+
+
+def _kron(domain: Domain, factors: Mapping[str, Workload], name: str, labels: list[str]) -> Kron:
+    """Kronecker product over the domain's attributes (domain order): factors[name], else a ones row."""
+    parts = [factors.get(a.name) or _factor(a, None, "") for a in domain.attributes]
+    return Kron(parts, name=name).bind(domain, labels)  # type: ignore[return-value]
 
 
 def predicate_workload(
     domain: Domain,
     conditions: Sequence[Condition] | Mapping[str, Condition],
     name: str | None = None,
-) -> ExplicitWorkload:
+) -> Workload:
     """One counting query per condition (m = len(conditions)), labelled by the condition's text.
 
+    Each query is the Kronecker product of one 0/1 row per attribute; several are stacked.
     ``conditions`` may be a mapping {label: condition} to choose the labels.
     """
     items: list[tuple[str | None, Condition]]
@@ -254,51 +264,56 @@ def predicate_workload(
         items = [(None, c) for c in conditions]
     if not items:
         raise ValueError("predicate_workload needs at least one condition")
-    rows, labels = [], []
+    parts, labels = [], []
     for lab, c in items:
         if not isinstance(c, Condition):
             raise ValueError(f"expected Condition objects (Equals, In, Between, And), got {c!r}")
-        rows.append(c.row(domain))
-        labels.append(lab if lab is not None else c.label(domain))
-    return _workload(sp.vstack(rows), name or f"predicates({len(rows)})", labels, domain)
+        masks = c.masks(domain)
+        text = c.label(domain)
+        if any(not m.any() for m in masks.values()):
+            raise ValueError(f"condition {text!r} selects no cell of {domain!r}")
+        label = lab if lab is not None else text
+        factors = {a: _factor(domain.attribute(a), m.astype(float).reshape(1, -1), f"{a}-mask")
+                   for a, m in masks.items()}
+        parts.append(_kron(domain, factors, text, [label]))
+        labels.append(label)
+    name = name or f"predicates({len(parts)})"
+    if len(parts) == 1:
+        parts[0].name = name
+        return parts[0]
+    return Stack(parts, name=name).bind(domain, labels)
 
 
-def _kron_rows(domain: Domain, factors: dict[str, sp.spmatrix]) -> sp.csr_matrix:
-    """Kronecker product over the domain's attributes: factors[name], or a ones row elsewhere."""
-    out: sp.csr_matrix | None = None
-    for a in domain.attributes:
-        f = factors.get(a.name)
-        if f is None:
-            f = sp.csr_matrix(np.ones((1, a.size)))
-        out = f if out is None else sp.kron(out, f, format="csr")
-    assert out is not None
-    return out
-
-
-def marginal_workload(domain: Domain, attributes: Sequence[str]) -> ExplicitWorkload:
+def marginal_workload(domain: Domain, attributes: Sequence[str]) -> Workload:
     """The marginal over ``attributes``: one count per cell of the sub-domain they span.
 
     Rows follow the sub-domain's cell order (attributes in domain order, last fastest) and are
-    labelled "sex=F & race=2".  The empty list gives the total.
+    labelled "sex=F & race=2".  The empty list gives the total.  A Kronecker product of identities
+    (kept attributes) and ones rows (summed ones).
     """
     if isinstance(attributes, str):
         attributes = [attributes]
     if not attributes:
         return total_workload(domain)
     sub = domain.project(attributes)
-    W = _kron_rows(domain, {a.name: sp.identity(a.size, format="csr") for a in sub.attributes})
-    return _workload(W, f"marginal({','.join(sub.names)})", sub.cell_labels(), domain)
+    factors = {a.name: Identity(a.size) for a in sub.attributes}
+    return _kron(domain, factors, f"marginal({','.join(sub.names)})", sub.cell_labels())
 
 
-def marginals_workload(domain: Domain, k: int) -> ExplicitWorkload:
+def marginals_workload(domain: Domain, k: int) -> Workload:
     """All k-way marginals of the domain stacked (attribute subsets in lexicographic domain order)."""
     if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= len(domain):
         raise ValueError(f"k must be an integer in 0..{len(domain)}, got {k!r}")
-    parts = [marginal_workload(domain, list(s)) for s in combinations(domain.names, k)]
-    return stack_workloads(parts, name=f"marginals({k}-way)")
+    if k == 0:
+        return total_workload(domain)
+    subsets = list(combinations(range(len(domain)), k))
+    labels = [lab for s in subsets for lab in domain.project([domain.names[i] for i in s]).cell_labels()]
+    W = Marginals([a.size for a in domain.attributes], subsets=subsets)
+    W.name = f"marginals({k}-way)"
+    return W.bind(domain, labels)
 
 
-def range_workload(domain: Domain, attribute: str) -> ExplicitWorkload:
+def range_workload(domain: Domain, attribute: str) -> Workload:
     """All range queries lo..hi (lo <= hi) over one ordinal attribute, summed over the others.
 
     k(k+1)/2 rows for k regular levels, ordered by lo then hi; labels "20 <= age <= 29".
@@ -313,24 +328,26 @@ def range_workload(domain: Domain, attribute: str) -> ExplicitWorkload:
     rows = np.repeat(np.arange(lo.size), hi - lo + 1)
     cols = np.concatenate([np.arange(i, j + 1) for i, j in zip(lo, hi, strict=True)])
     R = sp.csr_matrix((np.ones(rows.size), (rows, cols)), shape=(lo.size, a.size))
-    W = _kron_rows(domain, {a.name: R})
     labels = [_range_label(a, int(i), int(j)) for i, j in zip(lo, hi, strict=True)]
-    return _workload(W, f"ranges({a.name})", labels, domain)
+    return _kron(domain, {a.name: _factor(a, R, f"ranges({a.name})")}, f"ranges({a.name})", labels)
 
 
-def identity_workload(domain: Domain) -> ExplicitWorkload:
+def identity_workload(domain: Domain) -> Workload:
     """Every cell count (n rows), labelled with the cell's values."""
-    return _workload(sp.identity(domain.size, format="csr"), "identity", domain.cell_labels(),
-                     domain)
+    factors = {a.name: Identity(a.size) for a in domain.attributes}
+    return _kron(domain, factors, "identity", domain.cell_labels())
 
 
-def total_workload(domain: Domain) -> ExplicitWorkload:
+def total_workload(domain: Domain) -> Workload:
     """The number of rows (one query, all ones)."""
-    return _workload(sp.csr_matrix(np.ones((1, domain.size))), "total", ["total"], domain)
+    return _kron(domain, {}, "total", ["total"])
 
 
-def stack_workloads(workloads: Sequence[Workload], name: str | None = None) -> ExplicitWorkload:
-    """Rows of several workloads over the same Domain, one after another, labels kept."""
+def stack_workloads(workloads: Sequence[Workload], name: str | None = None) -> Workload:
+    """Rows of several workloads over the same Domain, one after another, labels kept.
+
+    Stacked parts are flattened, so the result is a union of the parts' Kronecker products.
+    """
     parts = list(workloads)
     if not parts:
         raise ValueError("stack_workloads needs at least one workload")
@@ -339,9 +356,17 @@ def stack_workloads(workloads: Sequence[Workload], name: str | None = None) -> E
         raise ValueError(f"workload {parts[0].name!r} is not bound to a Domain")
     for p in parts[1:]:
         check_domain(p, domain)
-    W = sp.vstack([p.sparse() for p in parts]).tocsr()
     labels = [lab for p in parts for lab in p.row_labels()]
-    return _workload(W, name or "+".join(p.name for p in parts), labels, domain)
+    blocks: list[Workload] = []
+    weights: list[float] = []
+    for p in parts:
+        if isinstance(p, Stack):
+            blocks.extend(p.parts)
+            weights.extend(float(w) for w in p.weights)
+        else:
+            blocks.append(p)
+            weights.append(1.0)
+    return Stack(blocks, weights, name=name or "+".join(p.name for p in parts)).bind(domain, labels)
 
 
 def check_domain(workload: Workload, domain: Domain) -> None:

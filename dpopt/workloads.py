@@ -35,6 +35,17 @@ class Workload(ABC):
 
     name: str = "workload"
     gram_log_scale: float = 0.0
+    # Set by `bind`: the Domain the cells are over (dpopt.data.Domain) and one label per query.
+    domain: object | None = None
+    _labels: list[str] | None = None
+
+    def bind(self, domain: object, labels: Sequence[str]) -> Workload:
+        """Bind the workload to the Domain its cells are over and label its rows; returns self."""
+        labels = [str(s) for s in labels]
+        if len(labels) != self.m:
+            raise ValueError(f"{len(labels)} labels for workload {self.name} with {self.m} queries")
+        self.domain, self._labels = domain, labels
+        return self
 
     @property
     @abstractmethod
@@ -484,6 +495,8 @@ class Kron(Workload):
         return out
 
     def row_labels(self) -> list[str]:
+        if self._labels is not None:
+            return list(self._labels)
         labels = self.factors[0].row_labels()
         for f in self.factors[1:]:
             labels = [f"{a} x {b}" for a in labels for b in f.row_labels()]
@@ -530,6 +543,8 @@ class Stack(Workload):
         return sum(wt**2 * p.gram() for wt, p in zip(self.weights, self.parts, strict=True))
 
     def row_labels(self) -> list[str]:
+        if self._labels is not None:
+            return list(self._labels)
         return [f"{p.name}:{lab}" for p in self.parts for lab in p.row_labels()]
 
 
