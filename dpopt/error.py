@@ -22,7 +22,7 @@ import pandas as pd
 import scipy.linalg as sla
 import scipy.sparse as sp
 
-from dpopt.privacy import Privacy
+from dpopt.privacy import Perturb, Privacy
 from dpopt.strategy import Strategy
 from dpopt.validation import check_finite_vector
 from dpopt.workloads import Workload, _scaled, as_workload
@@ -155,6 +155,14 @@ def noisy_answers(
     z = privacy.sample_noise(sens, trials * r, rng).reshape(trials, r)
     y = np.asarray(strategy.A @ x)[None, :] + z
     return np.asarray((B @ y.T).T)
+
+
+def answers_through(
+    strategy: Strategy, B: np.ndarray | sp.spmatrix, x: np.ndarray, perturb: Perturb, sensitivity: float
+) -> np.ndarray:
+    """B perturb(A x): the answers of a dense or sparse strategy (m,), noise drawn by `perturb` (research or release)."""
+    y = perturb(np.asarray(strategy.A @ x, dtype=float).ravel(), sensitivity)
+    return np.asarray(B @ y, dtype=float).ravel()
 
 
 def monte_carlo_error(

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -106,6 +107,24 @@ class Privacy:
         if self.is_pure:
             return rng.laplace(0.0, scale, size=size)
         return rng.normal(0.0, scale, size=size)
+
+
+# A noise source: perturb(y, sensitivity) returns the exact measurements y (any shape) plus noise
+# calibrated to the strategy's sensitivity. Research mode: `research_perturb` (numpy, fast, not for
+# publication); release mode: dpopt.release's OpenDP measurement, charged to a ledger first.
+Perturb = Callable[[np.ndarray, float], np.ndarray]
+
+
+def research_perturb(privacy: Privacy, rng: np.random.Generator) -> Perturb:
+    """Research-mode noise source: y + z, z drawn by `privacy.sample_noise` from a numpy Generator."""
+    if not isinstance(rng, np.random.Generator):
+        raise ValueError("rng must be a numpy.random.Generator (research mode)")
+
+    def perturb(y: np.ndarray, sensitivity: float) -> np.ndarray:
+        y = np.asarray(y, dtype=float)
+        return y + privacy.sample_noise(sensitivity, y.size, rng).reshape(y.shape)
+
+    return perturb
 
 
 def gaussian_delta(sigma: float, sens2: float, epsilon: float) -> float:

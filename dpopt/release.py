@@ -58,10 +58,10 @@ except ImportError:  # pragma: no cover - not POSIX
 
 import numpy as np
 import pandas as pd
-import scipy.sparse as sp
 
 from dpopt.data import Domain
-from dpopt.privacy import Privacy, gaussian_delta
+from dpopt.error import _row_sq_norms, answers_through
+from dpopt.privacy import Perturb, Privacy, gaussian_delta
 from dpopt.queries import DomainMismatchError, check_domain
 from dpopt.validation import check_finite_vector
 
@@ -758,13 +758,6 @@ def _check_release_domain(workload: Any, domain: Any | None) -> None:
     check_domain(workload, domain)
 
 
-def _dense_rows_sq(B: Any) -> np.ndarray:
-    if sp.issparse(B):
-        return np.asarray(B.multiply(B).sum(axis=1)).ravel()
-    B = np.asarray(B)
-    return np.einsum("ij,ij->i", B, B)
-
-
 def release(
     mechanism_fitted: Any,
     x: np.ndarray,
@@ -776,8 +769,10 @@ def release(
 ) -> pd.DataFrame:
     """Publishable noisy answers to the fitted workload: B (A x + z), z from OpenDP.
 
-    mechanism_fitted: a fitted mechanism exposing ``strategy_`` (Strategy with A and B or
-    least-squares reconstruction), ``privacy_`` (Privacy) and ``workload_`` (Workload, m x n).
+    mechanism_fitted: any fitted dpopt mechanism (``strategy_`` with sens1/sens2, ``privacy_``,
+    ``workload_``, ``answers_with(x, perturb)`` and ``query_unit_variances()``): A x is measured
+    through the strategy's own form (dense, Kronecker or marginal tables), never a dense copy, and
+    the noise is OpenDP's measurement applied to the exact measurements in one call.
     x: data vector (n,).  ledger: charged before any noise is drawn (a FileLedger from
     ``ledger_file`` has the charge on disk by then).  labels: m query labels (default the
     workload's row labels).  domain: the Domain x was built over (``histogram``'s report.domain);
@@ -798,9 +793,8 @@ def release(
         raise ValueError(f"ledger must be a PrivacyLedger, got {type(ledger).__name__}")
     strategy = mechanism_fitted.strategy_
     privacy = mechanism_fitted.privacy_
-    workload = mechanism_fitted.workload_
-    if hasattr(mechanism_fitted, "release_view"):  # factored strategies: their dense form
-        strategy, workload = mechanism_fitted.release_view()
+    # the workload as given (bound to a Domain, with its row labels), else the one fitted
+    workload = getattr(mechanism_fitted, "input_workload_", None) or mechanism_fitted.workload_
     _check_release_domain(workload, domain)
     m, n = workload.shape
     x = check_finite_vector(x, "data vector x", n)
@@ -809,21 +803,41 @@ def release(
     labels = [str(s) for s in labels]
     if len(labels) != m:
         raise ValueError(f"labels has {len(labels)} entries but the workload has {m} queries")
-    strategy.check_supports(workload, getattr(mechanism_fitted, "support_rtol", 1e-8))
-    B = strategy.reconstruct(workload)
-    Ax = np.asarray(strategy.A @ x, dtype=float).ravel()
+    if hasattr(mechanism_fitted, "answers_with"):  # a dpopt mechanism, of any strategy form
+        mechanism_fitted.expected_error()  # raises StrategyError unless the strategy supports the workload
+        unit_var = np.asarray(mechanism_fitted.query_unit_variances(), dtype=float)
 
-    noise, _sens, scale, cost, meas = _noise_plan(strategy, privacy)
+        def answer(p: Perturb) -> np.ndarray:
+            return mechanism_fitted.answers_with(x, p)
+    else:  # a bare fitted record (strategy_, privacy_, workload_) holding a dense Strategy
+        strategy.check_supports(workload, getattr(mechanism_fitted, "support_rtol", 1e-8))
+        B = strategy.reconstruct(workload)
+        unit_var = _row_sq_norms(B)
+
+        def answer(p: Perturb) -> np.ndarray:
+            return answers_through(strategy, B, x, p, sens)
+
+    noise, sens, scale, cost, meas = _noise_plan(strategy, privacy)
     name = getattr(mechanism_fitted, "short_name", type(mechanism_fitted).__name__)
     cost = Charge(cost.epsilon, cost.delta, cost.rho, cost.noise,
                   label or f"{name} on {workload.name}")
     ledger.charge(cost)  # raises BudgetExceededError before any noise is drawn
 
-    y = np.asarray(meas(_values(Ax)), dtype=float)
+    def perturb(y: np.ndarray, sensitivity: float) -> np.ndarray:
+        """OpenDP's measurement on the exact measurements, calibrated for `sens` (checked)."""
+        if not math.isclose(sensitivity, sens, rel_tol=1e-12):
+            raise ReleaseUnavailableError(
+                f"the strategy measured with sensitivity {sensitivity!r} but the noise was calibrated "
+                f"for {sens!r}; nothing released"
+            )
+        y = np.asarray(y, dtype=float)
+        return np.asarray(meas(_values(y.ravel())), dtype=float).reshape(y.shape)
+
+    # A x measured through the strategy's own structure (dense, Kronecker or marginal tables)
+    answers = np.asarray(answer(perturb), dtype=float).ravel()
     _pause_point("noise-drawn")
-    answers = np.asarray(B @ y, dtype=float).ravel()
     std_one = scale * math.sqrt(2.0) if noise == "laplace" else scale
-    std = std_one * np.sqrt(_dense_rows_sq(B))
+    std = std_one * np.sqrt(unit_var)
     out = pd.DataFrame({
         "query": labels,
         "answer": answers,

@@ -462,7 +462,7 @@ def test_adult_end_to_end_release_then_refusal() -> None:
 
 @pytest.mark.parametrize("delta", [0.0, 1e-6])
 def test_release_through_a_factored_hdmm_strategy(small, delta) -> None:
-    # hdmm selects through factors and never holds a dense A; release uses its dense form with the
+    # hdmm selects through factors and never holds a dense A; release measures through them with the
     # workload as given (bound to the domain, labelled), and the noise matches the factored error.
     dom, x = small
     W = stack_workloads([marginal_workload(dom, ["age"]), marginal_workload(dom, ["sex"])])
@@ -478,7 +478,7 @@ def test_release_through_a_factored_hdmm_strategy(small, delta) -> None:
     # differs from the modelled (classic) sigma: the error scales by the square of their ratio.
     ratio = 1.0
     if delta:
-        ratio = out["noise_scale"].iloc[0] / priv.noise_scale(mech.release_view()[0].sens2)
+        ratio = out["noise_scale"].iloc[0] / priv.noise_scale(mech.strategy_.sens2)
     assert float((out["std"] ** 2).sum()) == pytest.approx(mech.expected_error_.total * ratio**2,
                                                            rel=1e-8)
     err, std, noise = _repeated_errors(mech, x, W.sparse() @ x, dom)

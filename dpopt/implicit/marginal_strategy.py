@@ -31,7 +31,7 @@ from dpopt.error import ErrorReport
 from dpopt.implicit.marginal_algebra import attrs_of, cells_of, residual_rank, submasks
 from dpopt.implicit.strategy import SUPPORT_RTOL, _report
 from dpopt.implicit.workloads import MarginalsWorkload
-from dpopt.privacy import Privacy
+from dpopt.privacy import Perturb, Privacy, research_perturb
 from dpopt.strategy import Strategy, StrategyError
 from dpopt.workloads import MAX_DENSE_ENTRIES
 
@@ -199,18 +199,20 @@ class MarginalStrategy:
         return _report(self.name, workload, privacy, self.sensitivity(privacy.norm), self.unit_error(workload))
 
     # -- measuring and reconstructing ------------------------------------------------------------------
-    def measure(self, tables: TableFn, privacy: Privacy, rng: np.random.Generator) -> dict[int, np.ndarray]:
+    def measure(self, tables: TableFn, privacy: Privacy, rng: np.random.Generator | None = None, *,
+                perturb: Perturb | None = None) -> dict[int, np.ndarray]:
         """Noisy measurements per measured subset, from the data's marginal tables `tables(attrs)`.
 
         `tables(attrs)` returns the count table over the sorted attribute tuple attrs (shape (n_i for i in
-        attrs); a 0-d array for the empty tuple). Research-mode noise from `rng`.
+        attrs); a 0-d array for the empty tuple). Every measurement gets noise in one call of `perturb`
+        (default: research-mode noise from `rng`).
         """
-        if not isinstance(rng, np.random.Generator):
-            raise ValueError("rng must be a numpy.random.Generator (research mode)")
         if self.kind == "residual" and privacy.is_pure:
             raise ValueError("residual-basis strategies need Gaussian noise: give a Privacy with delta > 0")
+        if perturb is None:
+            perturb = research_perturb(privacy, rng)  # type: ignore[arg-type]
         sens = self.sensitivity(privacy.norm)
-        out: dict[int, np.ndarray] = {}
+        exact: list[np.ndarray] = []
         for s, A, v in zip(self.subsets, self.masks, self.params, strict=True):
             t = np.asarray(tables(s), dtype=float)
             expect = tuple(self.domain_sizes[i] for i in s)
@@ -218,11 +220,12 @@ class MarginalStrategy:
                 raise ValueError(f"table for attributes {s} has shape {t.shape}, expected {expect}")
             if self.kind == "residual":
                 U = [helmert_basis(self.domain_sizes[i]).T for i in s]
-                y = math.sqrt(v * cells_of(self.domain_sizes, A)) * _apply_axes(t, U)
+                exact.append(math.sqrt(v * cells_of(self.domain_sizes, A)) * _apply_axes(t, U))
             else:
-                y = v * t
-            out[A] = y + privacy.sample_noise(sens, y.size, rng).reshape(y.shape)
-        return out
+                exact.append(v * t)
+        noisy = perturb(np.concatenate([y.ravel() for y in exact]), sens)
+        cuts = np.cumsum([y.size for y in exact])[:-1]
+        return {A: z.reshape(y.shape) for A, y, z in zip(self.masks, exact, np.split(noisy, cuts), strict=True)}
 
     def residual_estimates(self, y: dict[int, np.ndarray], need: Sequence[int]) -> dict[int, np.ndarray]:
         """Least-squares A-tables z_A (the data's Q_A component is z_A / N broadcast over the other axes)."""
@@ -264,10 +267,19 @@ class MarginalStrategy:
         return tables
 
     def release(
-        self, tables: TableFn, workload: MarginalsWorkload, privacy: Privacy, rng: np.random.Generator
+        self, tables: TableFn, workload: MarginalsWorkload, privacy: Privacy,
+        rng: np.random.Generator | None = None, *, perturb: Perturb | None = None,
     ) -> list[np.ndarray]:
-        """Research-mode answers to every workload marginal from the data's marginal tables."""
-        return self.reconstruct(self.measure(tables, privacy, rng), workload)
+        """Answers to every workload marginal from the data's marginal tables; noise as in `measure`."""
+        return self.reconstruct(self.measure(tables, privacy, rng, perturb=perturb), workload)
+
+    def query_unit_variances(self, workload: MarginalsWorkload) -> np.ndarray:
+        """Variance of each workload query per unit noise variance: each marginal's cell variance, times its weight^2."""
+        v = self.marginal_variances(workload)
+        return np.concatenate([
+            np.full(cells_of(self.domain_sizes, S), float(wt) ** 2 * vs)
+            for S, wt, vs in zip(workload.masks, workload.weights, v, strict=True)
+        ])
 
     def to_dense(self) -> Strategy:
         """The explicit strategy matrix (small domains only), for cross-checks against the dense path."""

@@ -19,13 +19,21 @@ from dpopt.implicit.marginal_strategy import MarginalStrategy
 from dpopt.implicit.optimize import ImplicitSelection, select_strategy
 from dpopt.implicit.strategy import KronStrategy
 from dpopt.implicit.union_strategy import UnionKronStrategy
-from dpopt.implicit.workloads import ImplicitWorkload, MarginalsWorkload, as_implicit
+from dpopt.implicit.workloads import (
+    ImplicitWorkload,
+    KronWorkload,
+    MarginalsWorkload,
+    UnionWorkload,
+    as_implicit,
+)
 from dpopt.mechanisms.base import FitInfo, Mechanism, MechanismError, Selection, current_budget
-from dpopt.privacy import Privacy
+from dpopt.privacy import Perturb, Privacy, research_perturb
 from dpopt.solvers.result import TIME_LIMIT
-from dpopt.strategy import Strategy
 from dpopt.validation import check_finite_vector
 from dpopt.workloads import Workload
+
+# Largest domain on which hdmm also selects over all cells as one factor (see _one_factor_if_better).
+ONE_FACTOR_MAX_CELLS = 1024
 
 
 def _rank(strategy: KronStrategy | MarginalStrategy | UnionKronStrategy) -> int:
@@ -88,6 +96,7 @@ class HDMMMechanism(Mechanism):
         try:
             w = as_implicit(workload)
             sel: ImplicitSelection = select_strategy(w, privacy, **self._budget_options(start))
+            w, sel = self._one_factor_if_better(w, sel, privacy, start)
         except ValueError as exc:
             raise MechanismError(f"{self.short_name}: {exc}") from None
         self.workload_: ImplicitWorkload = w  # type: ignore[assignment]
@@ -110,34 +119,48 @@ class HDMMMechanism(Mechanism):
         )
         return self
 
-    def release_view(self) -> tuple[Strategy, Workload]:
-        """The fitted strategy as a dense Strategy with the workload as given, for `dpopt.release`.
+    def _one_factor_if_better(
+        self, w: ImplicitWorkload, sel: ImplicitSelection, privacy: Privacy, start: float
+    ) -> tuple[ImplicitWorkload, ImplicitSelection]:
+        """For a union of Kronecker products on a small domain, the one-factor selection too, if better.
 
-        Release mode charges and samples through a dense A (small domains only); a union of Kronecker
-        parts, or a domain too large to materialise, is refused with the reason.
+        The union-of-products template is a restriction (each term answered by one product part): over
+        the whole domain as one factor the selection is the (eps, delta) optimum, or p-Identity under
+        eps-DP, which it may beat.
         """
-        self._check_fitted()
-        if isinstance(self.strategy_, UnionKronStrategy):
-            raise MechanismError(f"{self.short_name}: release mode needs a single dense strategy; this "
-                                 "workload selected a union of Kronecker parts")
-        w = self.input_workload_ if self.input_workload_ is not None else self.workload_
-        try:
-            return self.strategy_.to_dense(), w
-        except ValueError as exc:
-            raise MechanismError(f"{self.short_name}: release mode: {exc}") from None
+        if not isinstance(w, UnionWorkload) or w.n > ONE_FACTOR_MAX_CELLS:
+            return w, sel
+        budget = current_budget()
+        if budget.time_limit is not None and time.perf_counter() - start >= budget.time_limit:
+            return w, sel
+        one = KronWorkload([w.dense()], name=w.name)
+        alt = select_strategy(one, privacy, **self._budget_options(start))
+        if alt.error.total < sel.error.total:
+            alt.extra["template"] = f"one factor over {w.n} cells (less error than the factored template)"
+            return one, alt
+        return w, sel
 
     def answer(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Research mode: noisy answers to every workload query, through the factors (m,)."""
         self._check_fitted()
         if not isinstance(rng, np.random.Generator):
             raise MechanismError(f"{self.short_name}: rng must be a numpy.random.Generator (research mode)")
+        return self.answers_with(x, research_perturb(self.privacy_, rng))
+
+    def answers_with(self, x: np.ndarray, perturb: Perturb) -> np.ndarray:
+        """Answers to every workload query (m,) from the data vector x, the noise drawn by `perturb`.
+
+        A x is measured through the strategy's structure (Kronecker matvecs, or marginal tables summed
+        from x), never through a dense A; the reconstruction is least squares through the factors.
+        """
+        self._check_fitted()
         w = self.workload_
         x = check_finite_vector(x, "data vector x", w.n)
         s = self.strategy_
         if isinstance(s, KronStrategy):
-            return s.answer(x, self.privacy_, rng, w)
+            return s.answer(x, self.privacy_, workload=w, perturb=perturb)
         if isinstance(s, UnionKronStrategy):
-            return s.answer(x, self.privacy_, rng, w)  # type: ignore[arg-type]
+            return s.answer(x, self.privacy_, None, w, perturb=perturb)  # type: ignore[arg-type]
         assert isinstance(w, MarginalsWorkload) and isinstance(s, MarginalStrategy)
         T = x.reshape(w.domain_sizes)
         d = w.n_factors
@@ -146,8 +169,13 @@ class HDMMMechanism(Mechanism):
             axes = tuple(i for i in range(d) if i not in attrs)
             return T.sum(axis=axes) if axes else T
 
-        out = s.release(tables, w, self.privacy_, rng)
+        out = s.release(tables, w, self.privacy_, perturb=perturb)
         return np.concatenate([wt * t.ravel() for wt, t in zip(w.weights, out, strict=True)])
+
+    def query_unit_variances(self) -> np.ndarray:
+        """Variance of each workload query's answer per unit noise variance (m,), through the factors."""
+        self._check_fitted()
+        return self.strategy_.query_unit_variances(self.workload_)  # type: ignore[arg-type]
 
     def expected_error(self, workload: Workload | np.ndarray | None = None) -> ErrorReport:
         """Exact expected error of the fitted strategy on `workload` (default: the fitted workload)."""

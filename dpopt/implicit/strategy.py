@@ -21,7 +21,7 @@ import scipy.sparse as sp
 from dpopt.error import ErrorReport
 from dpopt.implicit.kronecker import kron_matvec
 from dpopt.implicit.workloads import ImplicitWorkload, as_implicit
-from dpopt.privacy import Privacy
+from dpopt.privacy import Perturb, Privacy, research_perturb
 from dpopt.strategy import RANK_RTOL, Strategy, StrategyError
 from dpopt.workloads import MAX_DENSE_ENTRIES, Workload
 
@@ -193,13 +193,15 @@ class KronStrategy:
         return _report(self.name, w, privacy, self.sensitivity(privacy.norm), self.unit_error(w))
 
     # -- answering -------------------------------------------------------------------------------
-    def measure(self, x: np.ndarray, privacy: Privacy, rng: np.random.Generator) -> np.ndarray:
-        """Noisy measurements y = A x + z (r,), A x by Kronecker matvecs; z Laplace or Gaussian from rng."""
+    def measure(self, x: np.ndarray, privacy: Privacy, rng: np.random.Generator | None = None, *,
+                perturb: Perturb | None = None) -> np.ndarray:
+        """Noisy measurements y = A x + z (r,), A x by Kronecker matvecs; z from `perturb` (default: rng's)."""
         x = np.asarray(x, dtype=float)
         if x.shape != (self.shape[1],):
             raise ValueError(f"data vector has shape {x.shape}; expected ({self.shape[1]},)")
-        y = kron_matvec(self.factors, x)
-        return y + privacy.sample_noise(self.sensitivity(privacy.norm), y.shape[0], rng)
+        if perturb is None:
+            perturb = research_perturb(privacy, rng)  # type: ignore[arg-type]
+        return perturb(kron_matvec(self.factors, x), self.sensitivity(privacy.norm))
 
     def estimate(self, y: np.ndarray) -> np.ndarray:
         """Least-squares data estimate x_hat = A^+ y = ((x)_i X_i^+ A_i^T) y (n,)."""
@@ -208,10 +210,11 @@ class KronStrategy:
         return kron_matvec(pinv_factors, y)
 
     def answer(
-        self, x: np.ndarray, privacy: Privacy, rng: np.random.Generator, workload: Workload | None = None
+        self, x: np.ndarray, privacy: Privacy, rng: np.random.Generator | None = None,
+        workload: Workload | None = None, *, perturb: Perturb | None = None,
     ) -> np.ndarray:
-        """Research mode: W x_hat for an implicit workload with `matvec` (or x_hat itself if none given)."""
-        x_hat = self.estimate(self.measure(x, privacy, rng))
+        """W x_hat for an implicit workload with `matvec` (or x_hat itself if none given); noise as in `measure`."""
+        x_hat = self.estimate(self.measure(x, privacy, rng, perturb=perturb))
         if workload is None:
             return x_hat
         w = as_implicit(workload)
@@ -219,6 +222,28 @@ class KronStrategy:
         if not hasattr(w, "matvec"):
             raise ValueError(f"workload {w.name} cannot be applied to a vector")
         return w.matvec(x_hat)  # type: ignore[attr-defined]
+
+    def query_unit_variances(self, workload: Workload) -> np.ndarray:
+        """Variance of each query's least-squares answer per unit noise variance: w_i^T X^+ w_i (m,).
+
+        For a Kronecker row w = (x)_k w_k and X^+ = (x)_k X_k^+ it is prod_k w_k^T X_k^+ w_k, so the
+        vector is the Kronecker product of the factors' diag(W_k X_k^+ W_k^T); a union stacks its parts'.
+        """
+        w = as_implicit(workload)
+        self._check_domain(w)
+        parts = getattr(w, "parts", None)
+        if parts is None:
+            parts, weights = [w], [1.0]
+        else:
+            weights = [float(v) for v in w.weights]  # type: ignore[attr-defined]
+        out = []
+        for wt, part in zip(weights, parts, strict=True):
+            v = np.ones(1)
+            for f, P in zip(part.factors, self.factor_pinvs, strict=True):  # type: ignore[attr-defined]
+                Wk = f.matrix()
+                v = np.kron(v, np.einsum("ij,jk,ik->i", Wk, P, Wk))
+            out.append(wt**2 * v)
+        return np.concatenate(out)
 
     def to_dense(self) -> Strategy:
         """The dense dpopt Strategy (small domains only), for cross-checks."""

@@ -28,7 +28,7 @@ from dpopt.error import ErrorReport
 from dpopt.implicit.kronecker import kron_column_norms, kron_matvec
 from dpopt.implicit.strategy import SUPPORT_RTOL, KronStrategy, _report
 from dpopt.implicit.workloads import UnionWorkload
-from dpopt.privacy import Privacy
+from dpopt.privacy import Perturb, Privacy, research_perturb
 from dpopt.strategy import StrategyError
 
 # Largest domain on which the stacked column norms are scanned exactly.
@@ -137,17 +137,28 @@ class UnionKronStrategy:
             raise StrategyError(f"{self.name} does not support {workload.name}: relative residual {frac:.3g}")
         return _report(self.name, workload, privacy, self.sensitivity(privacy.norm), self.unit_error(workload))
 
-    def answer(self, x: np.ndarray, privacy: Privacy, rng: np.random.Generator, workload: UnionWorkload) -> np.ndarray:
-        """Research mode: each term answered from its own part's least-squares estimate (m,)."""
+    def answer(self, x: np.ndarray, privacy: Privacy, rng: np.random.Generator | None, workload: UnionWorkload,
+               *, perturb: Perturb | None = None) -> np.ndarray:
+        """Each term answered from its own part's least-squares estimate (m,); noise from `perturb` (default rng's)."""
         self._check(workload)
         sens = self.sensitivity(privacy.norm)
+        if perturb is None:
+            perturb = research_perturb(privacy, rng)  # type: ignore[arg-type]
         x = np.asarray(x, dtype=float)
-        x_hat = []
-        for wt, part in zip(self.weights, self.parts, strict=True):
-            # y_k = w_k A^(k) x + z_k, every row's noise calibrated to the whole stack's sensitivity
-            clean = wt * kron_matvec(part.factors, x)
-            y = clean + privacy.sample_noise(sens, clean.shape[0], rng)
-            x_hat.append(part.estimate(y / wt))
+        # y_k = w_k A^(k) x + z_k, every row's noise calibrated to the whole stack's sensitivity (one draw)
+        clean = [wt * kron_matvec(part.factors, x) for wt, part in zip(self.weights, self.parts, strict=True)]
+        y = perturb(np.concatenate(clean), sens)
+        cuts = np.cumsum([c.shape[0] for c in clean])[:-1]
+        x_hat = [part.estimate(yk / wt) for yk, wt, part in
+                 zip(np.split(y, cuts), self.weights, self.parts, strict=True)]
         return np.concatenate(
             [wt * p.matvec(x_hat[k]) for k, wt, p in zip(self.assignment, workload.weights, workload.parts, strict=True)]
         )
+
+    def query_unit_variances(self, workload: UnionWorkload) -> np.ndarray:
+        """Variance of each query's answer per unit noise variance: term j from part k, (w_j / w_k)^2 w_i^T X_k^+ w_i."""
+        self._check(workload)
+        return np.concatenate([
+            (float(wt) / self.weights[k]) ** 2 * self.parts[k].query_unit_variances(p)
+            for k, wt, p in zip(self.assignment, workload.weights, workload.parts, strict=True)
+        ])

@@ -18,8 +18,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from dpopt.bounds import svd_bound
-from dpopt.error import ErrorReport, expected_error, noisy_answers
-from dpopt.privacy import Privacy
+from dpopt.error import ErrorReport, _row_sq_norms, answers_through, expected_error, noisy_answers
+from dpopt.privacy import Perturb, Privacy
 from dpopt.solvers.result import MIN_SOLVER_SECONDS
 from dpopt.strategy import Strategy
 from dpopt.validation import check_finite_vector
@@ -342,9 +342,24 @@ class Mechanism(ABC):
         if not isinstance(rng, np.random.Generator):
             raise MechanismError(f"{self.short_name}: rng must be a numpy.random.Generator (research mode)")
         x = check_finite_vector(x, "data vector x", self.workload_.n)
+        return noisy_answers(self.strategy_, self.workload_, self.privacy_, x, rng, 1, B=self._B())[0]
+
+    def _B(self) -> Any:
+        """The reconstruction B (given, or W A^+), computed on first use and kept."""
         if getattr(self, "_reconstruction", None) is None:
             self._reconstruction = self.strategy_.reconstruct(self.workload_)
-        return noisy_answers(self.strategy_, self.workload_, self.privacy_, x, rng, 1, B=self._reconstruction)[0]
+        return self._reconstruction
+
+    def answers_with(self, x: np.ndarray, perturb: Perturb) -> np.ndarray:
+        """Answers to every workload query (m,): B perturb(A x), the noise drawn by `perturb` (release mode)."""
+        self._check_fitted()
+        x = check_finite_vector(x, "data vector x", self.workload_.n)
+        return answers_through(self.strategy_, self._B(), x, perturb, self.strategy_.sensitivity(self.privacy_.norm))
+
+    def query_unit_variances(self) -> np.ndarray:
+        """Variance of each workload query's answer per unit noise variance: squared row norms of B (m,)."""
+        self._check_fitted()
+        return _row_sq_norms(self._B())
 
     def expected_error(self, workload: Workload | np.ndarray | None = None) -> ErrorReport:
         """Exact expected error of the fitted strategy on `workload` (default: the fitted workload)."""
