@@ -18,12 +18,14 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
+
+from dpopt.validation import check_finite_vector
 
 __all__ = [
     "Attribute",
@@ -32,7 +34,11 @@ __all__ = [
     "NumericBins",
     "Domain",
     "HistogramReport",
+    "Records",
     "histogram",
+    "records",
+    "data_vector",
+    "marginal_tables",
 ]
 
 # Reasons a value is not in its attribute's domain (keys of HistogramReport.invalid[column]).
@@ -556,21 +562,103 @@ class HistogramReport:
         return "; ".join(parts)
 
 
+# Largest domain whose data vector x is formed (float64: 400 MB).
+MAX_CELLS = 50_000_000
+
+
+@dataclass(frozen=True)
+class Records:
+    """A table's rows as level codes over a Domain (d x N), the data vector x = histogram never formed.
+
+    Marginal tables are counted straight from the codes (one bincount over the sub-domain), so a
+    strategy measured through marginals answers on domains far too large for x (Adult: 6.4e17 cells).
+    """
+
+    domain: Domain
+    codes: np.ndarray
+
+    def table(self, attrs: Sequence[int]) -> np.ndarray:
+        """The count table over the attribute indices attrs (sorted), shape (k_i for i in attrs)."""
+        attrs = tuple(int(i) for i in attrs)
+        if not attrs:
+            return np.array(float(self.codes.shape[1]))
+        dims = tuple(self.domain.shape[i] for i in attrs)
+        flat = np.ravel_multi_index(tuple(self.codes[i] for i in attrs), dims)
+        return np.bincount(flat, minlength=math.prod(dims)).reshape(dims).astype(np.float64)
+
+    def vector(self, max_cells: int = MAX_CELLS) -> np.ndarray:
+        """The data vector x (float64, (domain.size,), cell order of the domain); refused beyond max_cells."""
+        if self.domain.size > max_cells:
+            raise ValueError(
+                f"domain {self.domain!r} has {self.domain.size} cells, more than max_cells={max_cells}; "
+                "this strategy needs the data vector: use fewer attributes or coarser levels "
+                "(Domain.project), or a mechanism that measures marginals (hdmm)"
+            )
+        if not self.codes.shape[1]:
+            return np.zeros(self.domain.size)
+        flat = np.ravel_multi_index(tuple(self.codes), self.domain.shape)
+        return np.bincount(flat, minlength=self.domain.size).astype(np.float64)
+
+
+def data_vector(data: np.ndarray | Records, n: int) -> np.ndarray:
+    """The data vector x (n,) of a vector or of Records over n cells (formed only here, and refused when too large)."""
+    if isinstance(data, Records):
+        if data.domain.size != n:
+            raise ValueError(f"the records are over {data.domain.size} cells, the workload over {n}")
+        return data.vector()
+    return check_finite_vector(data, "data vector x", n)
+
+
+def marginal_tables(data: np.ndarray | Records, sizes: Sequence[int]) -> Callable[[tuple[int, ...]], np.ndarray]:
+    """tables(attrs): the count table over sorted attribute indices, from Records (never forming x) or from x."""
+    sizes = [int(k) for k in sizes]
+    if isinstance(data, Records):
+        if list(data.domain.shape) != sizes:
+            raise ValueError(f"the records are over a domain of shape {data.domain.shape}, expected {tuple(sizes)}")
+        return data.table
+    T = data_vector(data, math.prod(sizes)).reshape(sizes)
+
+    def tables(attrs: tuple[int, ...]) -> np.ndarray:
+        axes = tuple(i for i in range(len(sizes)) if i not in attrs)
+        return T.sum(axis=axes) if axes else T
+
+    return tables
+
+
 def histogram(
     df: pd.DataFrame,
     domain: Domain,
     *,
     on_invalid: Literal["error", "drop", "bucket"] = "error",
-    max_cells: int = 50_000_000,
+    max_cells: int = MAX_CELLS,
 ) -> tuple[np.ndarray, HistogramReport]:
     """Data vector x (float64, shape (domain.size,), cell order of ``domain``) of a DataFrame.
 
     Each row adds 1 to the cell of its attribute values; columns not in the domain are ignored.
-    on_invalid: "error" (default) raises ValueError at the first column with a missing value, a
-    value outside the domain or an unseen category, naming the column, the value and the expected
-    domain; "drop" leaves such rows out; "bucket" sends each invalid value to its attribute's
-    catch-all level (attributes without one raise).  The report counts what was done.
-    max_cells: refuse domains with more cells than this (x is dense).
+    on_invalid: see ``records``.  max_cells: refuse domains with more cells than this (x is dense).
+    """
+    if isinstance(domain, Domain) and domain.size > max_cells:
+        raise ValueError(
+            f"domain {domain!r} has {domain.size} cells, more than max_cells={max_cells}; "
+            "use fewer attributes or coarser levels (Domain.project)"
+        )
+    recs, report = records(df, domain, on_invalid=on_invalid)
+    return recs.vector(max_cells), report
+
+
+def records(
+    df: pd.DataFrame,
+    domain: Domain,
+    *,
+    on_invalid: Literal["error", "drop", "bucket"] = "error",
+) -> tuple[Records, HistogramReport]:
+    """The rows of a DataFrame as level codes over ``domain`` (no data vector is formed).
+
+    Columns not in the domain are ignored.  on_invalid: "error" (default) raises ValueError at the
+    first column with a missing value, a value outside the domain or an unseen category, naming the
+    column, the value and the expected domain; "drop" leaves such rows out; "bucket" sends each
+    invalid value to its attribute's catch-all level (attributes without one raise).  The report
+    counts what was done.
     """
     if not isinstance(df, pd.DataFrame):
         raise ValueError(f"histogram needs a pandas DataFrame, got {type(df).__name__}")
@@ -578,11 +666,6 @@ def histogram(
         raise ValueError(f"histogram needs a Domain, got {type(domain).__name__}")
     if on_invalid not in ("error", "drop", "bucket"):
         raise ValueError(f"on_invalid must be 'error', 'drop' or 'bucket', got {on_invalid!r}")
-    if domain.size > max_cells:
-        raise ValueError(
-            f"domain {domain!r} has {domain.size} cells, more than max_cells={max_cells}; "
-            "use fewer attributes or coarser levels (Domain.project)"
-        )
     absent = [n for n in domain.names if n not in df.columns]
     if absent:
         raise ValueError(
@@ -630,8 +713,6 @@ def histogram(
         keep = ~bad_row
         codes = codes[:, keep]
     n_bad = int(bad_row.sum())
-    flat = np.ravel_multi_index(tuple(codes), domain.shape) if codes.shape[1] else np.empty(0, int)
-    x = np.bincount(flat, minlength=domain.size).astype(np.float64)
     report = HistogramReport(
         domain=domain,
         n_rows=n_rows,
@@ -642,4 +723,4 @@ def histogram(
         invalid=invalid,
         examples=examples,
     )
-    return x, report
+    return Records(domain, codes), report

@@ -59,7 +59,7 @@ except ImportError:  # pragma: no cover - not POSIX
 import numpy as np
 import pandas as pd
 
-from dpopt.data import Domain
+from dpopt.data import Domain, Records, data_vector
 from dpopt.error import _row_sq_norms, answers_through
 from dpopt.privacy import Perturb, Privacy, gaussian_delta
 from dpopt.queries import DomainMismatchError, check_domain
@@ -163,6 +163,14 @@ def _secure_gaussian(values: np.ndarray, sigma: float) -> np.ndarray:
     sigma = _check_scale(sigma, "Gaussian sigma")
     v = _values(values)
     return np.asarray(_gaussian_measurement(sigma)(v), dtype=float)
+
+
+def noise_seconds(count: int, gaussian: bool, probe: int = 2000) -> float:
+    """Estimated wall seconds for OpenDP to draw `count` noise values (its secure samplers, timed on a probe)."""
+    meas = _gaussian_measurement(1.0) if gaussian else _laplace_measurement(1.0)
+    t0 = time.perf_counter()
+    meas(_values(np.zeros(probe)))
+    return (time.perf_counter() - t0) * count / probe
 
 
 # -- what OpenDP certifies ------------------------------------------------------------------------
@@ -773,8 +781,9 @@ def release(
     ``workload_``, ``answers_with(x, perturb)`` and ``query_unit_variances()``): A x is measured
     through the strategy's own form (dense, Kronecker or marginal tables), never a dense copy, and
     the noise is OpenDP's measurement applied to the exact measurements in one call.
-    x: data vector (n,).  ledger: charged before any noise is drawn (a FileLedger from
-    ``ledger_file`` has the charge on disk by then).  labels: m query labels (default the
+    x: data vector (n,), or ``Records`` (a table's rows as codes, see ``dpopt.data.records``): a
+    strategy measured through marginals then never forms the data vector.  ledger: charged
+    before any noise is drawn (a FileLedger from ``ledger_file`` has the charge on disk by then).  labels: m query labels (default the
     workload's row labels).  domain: the Domain x was built over (``histogram``'s report.domain);
     required when the workload is bound to a Domain, which must then be the same one: x alone
     cannot show which domain it came from, so release refuses to guess.
@@ -795,9 +804,14 @@ def release(
     privacy = mechanism_fitted.privacy_
     # the workload as given (bound to a Domain, with its row labels), else the one fitted
     workload = getattr(mechanism_fitted, "input_workload_", None) or mechanism_fitted.workload_
+    if isinstance(x, Records):  # the rows themselves carry their Domain
+        if domain is not None and domain != x.domain:
+            raise DomainMismatchError(f"the records are over {x.domain!r} but domain= is {domain!r}")
+        domain = x.domain
     _check_release_domain(workload, domain)
     m, n = workload.shape
-    x = check_finite_vector(x, "data vector x", n)
+    if not isinstance(x, Records):
+        x = check_finite_vector(x, "data vector x", n)
     if labels is None:
         labels = workload.row_labels()
     labels = [str(s) for s in labels]
@@ -815,7 +829,7 @@ def release(
         unit_var = _row_sq_norms(B)
 
         def answer(p: Perturb) -> np.ndarray:
-            return answers_through(strategy, B, x, p, sens)
+            return answers_through(strategy, B, data_vector(x, n), p, sens)
 
     noise, sens, scale, cost, meas = _noise_plan(strategy, privacy)
     name = getattr(mechanism_fitted, "short_name", type(mechanism_fitted).__name__)

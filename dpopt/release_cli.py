@@ -2,7 +2,7 @@
 
 ``add_answer_parser(subparsers)`` adds the subcommand to an argparse parser and ``answer_command``
 runs it; ``main(argv)`` runs it on its own (``python -m dpopt.release_cli ...``).  The steps:
-read the table -> Domain -> histogram x -> workload from the spec -> fit the mechanism -> release
+read the table -> Domain -> records (codes) -> workload from the spec -> fit the mechanism -> release
 through OpenDP charged to a privacy ledger -> CSV of labelled answers.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 
 import pandas as pd
 
-from dpopt.data import Attribute, Categorical, Domain, IntegerRange, NumericBins, histogram
+from dpopt.data import Attribute, Categorical, Domain, IntegerRange, NumericBins, records
 from dpopt.queries import (
     And,
     Between,
@@ -335,17 +335,21 @@ def _release(args: argparse.Namespace, mech: Any, x: Any, dom: Domain) -> tuple[
 
 
 def _load_rows(args: argparse.Namespace) -> tuple[Any, Domain]:
-    """The histogram x of the table; refuses a table with no rows."""
+    """The table's rows as codes over the domain (the data vector is formed only by strategies that need it)."""
     df, dom = _load_table(args)
     if len(df) == 0:
         raise CliError(f"data file {args.data!r} has no rows (only a header); expected at least "
                        "one record")
-    x, report = histogram(df, dom, on_invalid=args.on_invalid)
+    x, report = records(df, dom, on_invalid=args.on_invalid)
     _say(args, f"domain {dom!r} ({dom.size} cells); {report.summary()}")
     if report.n_counted == 0:
         raise CliError(f"no row of {args.data!r} was counted ({report.summary()}); expected at "
                        "least one record in the domain")
     return x, dom
+
+
+# Strategies with more measurements than this get an estimate of OpenDP's sampling time first.
+NOISE_ESTIMATE_ROWS = 100_000
 
 
 def answer_command(args: argparse.Namespace) -> int:
@@ -356,6 +360,7 @@ def answer_command(args: argparse.Namespace) -> int:
         BudgetExceededError,
         ReleaseUnavailableError,
         _pause_point,
+        noise_seconds,
         require_opendp,
     )
 
@@ -373,6 +378,10 @@ def answer_command(args: argparse.Namespace) -> int:
         info = getattr(mech, "fit_info_", None)
         status = f", {info.status}" if info is not None else ""
         _say(args, f"fitted in {time.perf_counter() - t0:.2f} s{status}")
+        r = int(mech.strategy_.shape[0])
+        if r > NOISE_ESTIMATE_ROWS:  # OpenDP's secure samplers draw about 1e4 values a second
+            secs = noise_seconds(r, privacy.delta > 0)
+            _say(args, f"drawing {r} noisy measurements with OpenDP: about {secs:.0f} s")
         answers, ledger = _release(args, mech, x, dom)
     except BudgetExceededError as exc:
         print(f"dpopt answer: {exc}", file=sys.stderr)

@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from dpopt.data import Records, data_vector, marginal_tables
 from dpopt.error import ErrorReport
 from dpopt.implicit.marginal_algebra import residual_rank
 from dpopt.implicit.marginal_strategy import MarginalStrategy
@@ -145,31 +146,27 @@ class HDMMMechanism(Mechanism):
         self._check_fitted()
         if not isinstance(rng, np.random.Generator):
             raise MechanismError(f"{self.short_name}: rng must be a numpy.random.Generator (research mode)")
-        return self.answers_with(x, research_perturb(self.privacy_, rng))
+        return self.answers_with(check_finite_vector(x, "data vector x", self.workload_.n),
+                                 research_perturb(self.privacy_, rng))
 
-    def answers_with(self, x: np.ndarray, perturb: Perturb) -> np.ndarray:
-        """Answers to every workload query (m,) from the data vector x, the noise drawn by `perturb`.
+    def answers_with(self, x: np.ndarray | Records, perturb: Perturb) -> np.ndarray:
+        """Answers to every workload query (m,) from the data (vector x or Records), noise drawn by `perturb`.
 
-        A x is measured through the strategy's structure (Kronecker matvecs, or marginal tables summed
-        from x), never through a dense A; the reconstruction is least squares through the factors.
+        A x is measured through the strategy's structure (Kronecker matvecs, or marginal tables counted
+        from the records or summed from x), never through a dense A; the reconstruction is least
+        squares through the factors. From Records, a Kronecker strategy counts only the marginal over
+        the attributes it does not sum out; a union of parts forms the data vector.
         """
         self._check_fitted()
         w = self.workload_
-        x = check_finite_vector(x, "data vector x", w.n)
         s = self.strategy_
         if isinstance(s, KronStrategy):
-            return s.answer(x, self.privacy_, workload=w, perturb=perturb)
+            return s.answer(x if isinstance(x, Records) else data_vector(x, w.n), self.privacy_, workload=w,
+                            perturb=perturb)
         if isinstance(s, UnionKronStrategy):
-            return s.answer(x, self.privacy_, None, w, perturb=perturb)  # type: ignore[arg-type]
+            return s.answer(data_vector(x, w.n), self.privacy_, None, w, perturb=perturb)  # type: ignore[arg-type]
         assert isinstance(w, MarginalsWorkload) and isinstance(s, MarginalStrategy)
-        T = x.reshape(w.domain_sizes)
-        d = w.n_factors
-
-        def tables(attrs: tuple[int, ...]) -> np.ndarray:
-            axes = tuple(i for i in range(d) if i not in attrs)
-            return T.sum(axis=axes) if axes else T
-
-        out = s.release(tables, w, self.privacy_, perturb=perturb)
+        out = s.release(marginal_tables(x, w.domain_sizes), w, self.privacy_, perturb=perturb)
         return np.concatenate([wt * t.ravel() for wt, t in zip(w.weights, out, strict=True)])
 
     def query_unit_variances(self) -> np.ndarray:

@@ -18,9 +18,10 @@ from functools import cached_property
 import numpy as np
 import scipy.sparse as sp
 
+from dpopt.data import Records, data_vector
 from dpopt.error import ErrorReport
 from dpopt.implicit.kronecker import kron_matvec
-from dpopt.implicit.workloads import ImplicitWorkload, as_implicit
+from dpopt.implicit.workloads import ImplicitWorkload, KronWorkload, MarginalsWorkload, as_implicit
 from dpopt.privacy import Perturb, Privacy, research_perturb
 from dpopt.strategy import RANK_RTOL, Strategy, StrategyError
 from dpopt.workloads import MAX_DENSE_ENTRIES, Workload
@@ -47,6 +48,14 @@ def _report(
         convention=privacy.convention,
         log10_total=math.log10(total) if total > 0 else -math.inf,
     )
+
+
+def _constant_row(M: np.ndarray | sp.spmatrix) -> float | None:
+    """c when M is the single row c 1^T (its factor sums an attribute out), else None."""
+    if M.shape[0] != 1:
+        return None
+    row = np.asarray(M.todense() if sp.issparse(M) else M, dtype=float).ravel()
+    return float(row[0]) if np.all(row == row[0]) else None
 
 
 class KronStrategy:
@@ -193,35 +202,55 @@ class KronStrategy:
         return _report(self.name, w, privacy, self.sensitivity(privacy.norm), self.unit_error(w))
 
     # -- answering -------------------------------------------------------------------------------
-    def measure(self, x: np.ndarray, privacy: Privacy, rng: np.random.Generator | None = None, *,
+    def measured(self, data: np.ndarray | Records) -> np.ndarray:
+        """Exact measurements A x (r,) by Kronecker matvecs; from Records, only the attributes whose factor
+        is not a constant row c 1^T are counted (a marginal table), the others contribute the factor c."""
+        if not isinstance(data, Records) or tuple(data.domain.shape) != self.domain_sizes:
+            # a vector, or records whose attributes are not this strategy's factors (one factor over all cells)
+            return kron_matvec(self.factors, data_vector(data, self.shape[1]))
+        consts = [_constant_row(M) for M in self.factors]
+        keep = [i for i, c in enumerate(consts) if c is None]
+        scale = math.prod(c for c in consts if c is not None)
+        if not keep:
+            return np.array([scale * float(data.table(()))])
+        t = data.table(keep).ravel()
+        return scale * kron_matvec([self.factors[i] for i in keep], t)
+
+    def measure(self, x: np.ndarray | Records, privacy: Privacy, rng: np.random.Generator | None = None, *,
                 perturb: Perturb | None = None) -> np.ndarray:
-        """Noisy measurements y = A x + z (r,), A x by Kronecker matvecs; z from `perturb` (default: rng's)."""
-        x = np.asarray(x, dtype=float)
-        if x.shape != (self.shape[1],):
-            raise ValueError(f"data vector has shape {x.shape}; expected ({self.shape[1]},)")
+        """Noisy measurements y = A x + z (r,); z from `perturb` (default: research noise from rng)."""
         if perturb is None:
             perturb = research_perturb(privacy, rng)  # type: ignore[arg-type]
-        return perturb(kron_matvec(self.factors, x), self.sensitivity(privacy.norm))
+        return perturb(self.measured(x), self.sensitivity(privacy.norm))
+
+    @cached_property
+    def _pinv_factors(self) -> list[np.ndarray]:
+        """A_i^+ = X_i^+ A_i^T = (A_i X_i^+)^T (n_i x r_i), since X_i^+ is symmetric."""
+        return [np.asarray(M @ P).T for P, M in zip(self.factor_pinvs, self.factors, strict=True)]
 
     def estimate(self, y: np.ndarray) -> np.ndarray:
-        """Least-squares data estimate x_hat = A^+ y = ((x)_i X_i^+ A_i^T) y (n,)."""
-        # A_i^+ = X_i^+ A_i^T = (A_i X_i^+)^T since X_i^+ is symmetric.
-        pinv_factors = [np.asarray(M @ P).T for P, M in zip(self.factor_pinvs, self.factors, strict=True)]
-        return kron_matvec(pinv_factors, y)
+        """Least-squares data estimate x_hat = A^+ y = ((x)_i A_i^+) y (n,)."""
+        return kron_matvec(self._pinv_factors, y)
 
     def answer(
-        self, x: np.ndarray, privacy: Privacy, rng: np.random.Generator | None = None,
+        self, x: np.ndarray | Records, privacy: Privacy, rng: np.random.Generator | None = None,
         workload: Workload | None = None, *, perturb: Perturb | None = None,
     ) -> np.ndarray:
-        """W x_hat for an implicit workload with `matvec` (or x_hat itself if none given); noise as in `measure`."""
-        x_hat = self.estimate(self.measure(x, privacy, rng, perturb=perturb))
+        """W A^+ y for the workload's Kronecker terms, ((x)_i W_ki A_i^+) y each, never forming x_hat over the
+        domain (x_hat itself when no workload is given); noise as in `measure`."""
+        y = self.measure(x, privacy, rng, perturb=perturb)
         if workload is None:
-            return x_hat
+            return self.estimate(y)
         w = as_implicit(workload)
         self._check_domain(w)
-        if not hasattr(w, "matvec"):
-            raise ValueError(f"workload {w.name} cannot be applied to a vector")
-        return w.matvec(x_hat)  # type: ignore[attr-defined]
+        if isinstance(w, MarginalsWorkload):
+            w = w.as_union()
+        terms = [(1.0, w)] if isinstance(w, KronWorkload) else list(zip(w.weights, w.parts, strict=True))  # type: ignore[attr-defined]
+        return np.concatenate([
+            float(wt) * kron_matvec([np.asarray(f.sparse() @ P) for f, P in zip(part.factors, self._pinv_factors,
+                                                                                strict=True)], y)
+            for wt, part in terms
+        ])
 
     def query_unit_variances(self, workload: Workload) -> np.ndarray:
         """Variance of each query's least-squares answer per unit noise variance: w_i^T X^+ w_i (m,).

@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from dpopt.bounds import svd_bound
+from dpopt.data import Records, data_vector
 from dpopt.error import ErrorReport, _row_sq_norms, answers_through, expected_error, noisy_answers
 from dpopt.privacy import Perturb, Privacy
 from dpopt.solvers.result import MIN_SOLVER_SECONDS
@@ -350,10 +351,10 @@ class Mechanism(ABC):
             self._reconstruction = self.strategy_.reconstruct(self.workload_)
         return self._reconstruction
 
-    def answers_with(self, x: np.ndarray, perturb: Perturb) -> np.ndarray:
+    def answers_with(self, x: np.ndarray | Records, perturb: Perturb) -> np.ndarray:
         """Answers to every workload query (m,): B perturb(A x), the noise drawn by `perturb` (release mode)."""
         self._check_fitted()
-        x = check_finite_vector(x, "data vector x", self.workload_.n)
+        x = data_vector(x, self.workload_.n)
         return answers_through(self.strategy_, self._B(), x, perturb, self.strategy_.sensitivity(self.privacy_.norm))
 
     def query_unit_variances(self) -> np.ndarray:
