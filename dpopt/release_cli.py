@@ -19,22 +19,9 @@ from typing import Any
 import pandas as pd
 
 from dpopt.data import Attribute, Categorical, Domain, IntegerRange, NumericBins, records
-from dpopt.queries import (
-    And,
-    Between,
-    Condition,
-    Equals,
-    In,
-    identity_workload,
-    marginal_workload,
-    marginals_workload,
-    predicate_workload,
-    range_workload,
-    stack_workloads,
-    total_workload,
-)
+from dpopt.specs import DOMAIN_SPEC_HELP, SpecError, parse_workload, split_names
 
-__all__ = ["add_answer_parser", "answer_command", "parse_domain", "parse_workload", "main"]
+__all__ = ["add_answer_parser", "answer_command", "parse_domain", "main"]
 
 DEFAULT_FAIR_DOMAIN = "fair:rate_marriage,religious,children"
 
@@ -61,14 +48,7 @@ domain SPEC (which columns, and which values each may take):
                             (int: inclusive integer range; cat: categories; bins: edges, the last
                             bin closed, inf allowed)
 
-workload SPEC (';'-separated parts, answered together):
-  total | identity          the row count | every cell
-  marginal:a,b              counts for every combination of a and b
-  marginals:K               all K-way marginals
-  range:age                 all ranges lo..hi of an ordinal column
-  predicate:COND            one count; COND is terms joined by '&':
-                            col=v (equals), col=v1|v2 (in), col=lo..hi (between, inclusive)
-  e.g.  --workload "marginal:religious,children;predicate:rate_marriage=4..5&children=0;range:rate_marriage"
+{DOMAIN_SPEC_HELP}
 
 output CSV columns: query, answer, std (noise std of that answer), noise (laplace|gaussian),
 noise_scale (per measurement: b = sens1/eps, or the smallest sigma OpenDP certifies at
@@ -92,18 +72,11 @@ example (the embedded Fair survey; add --data FILE.csv --domain FILE.json:col,..
 """
 
 
-class CliError(ValueError):
-    """Bad command-line input; reported as one line with exit status 2."""
+# Bad command-line input, reported as one line with exit status 2 (a workload spec error is one too).
+CliError = SpecError
 
 
 # -- specs ----------------------------------------------------------------------------------------
-def _split_names(text: str) -> list[str]:
-    names = [t.strip() for t in text.split(",") if t.strip()]
-    if not names:
-        raise CliError(f"expected a comma-separated list of columns, got {text!r}")
-    return names
-
-
 def _inline_attribute(term: str) -> Attribute:
     if "=" not in term or ":" not in term.split("=", 1)[1]:
         raise CliError(f"domain term {term!r} must look like name=int:LO..HI, name=cat:A|B or "
@@ -130,7 +103,7 @@ def parse_domain(spec: str) -> Domain:
     if spec == "fair" or spec.startswith("fair:"):
         from dpopt.datasets import fair_domain
 
-        return fair_domain(None if spec == "fair" else _split_names(spec[5:]))
+        return fair_domain(None if spec == "fair" else split_names(spec[5:]))
     path, _, cols = spec.partition(".json")
     if _:
         file = path + ".json"
@@ -140,87 +113,9 @@ def parse_domain(spec: str) -> Domain:
         if cols:
             if not cols.startswith(":"):
                 raise CliError(f"domain spec {spec!r}: expected FILE.json or FILE.json:col1,col2")
-            dom = dom.project(_split_names(cols[1:]))
+            dom = dom.project(split_names(cols[1:]))
         return dom
     return Domain([_inline_attribute(t) for t in spec.split(";") if t.strip()])
-
-
-def _value(attr: Attribute, token: str) -> Any:
-    """The level of ``attr`` written as ``token`` on the command line."""
-    token = token.strip()
-    if isinstance(attr, IntegerRange):
-        try:
-            return int(token)
-        except ValueError:
-            raise CliError(f"column {attr.name!r}: {token!r} is not an integer; expected "
-                           f"{attr.expected()}") from None
-    if isinstance(attr, NumericBins):
-        try:
-            return float(token)
-        except ValueError:
-            raise CliError(f"column {attr.name!r}: {token!r} is not a number") from None
-    for code in range(attr.n_regular):
-        level = attr.value_of(code)
-        if str(level) == token:
-            return level
-        try:
-            if float(token) == float(level):
-                return level
-        except (TypeError, ValueError):
-            pass
-    raise CliError(f"column {attr.name!r}: {token!r} is not a level; expected {attr.expected()}")
-
-
-def _condition(domain: Domain, text: str) -> Condition:
-    parts: list[Condition] = []
-    for term in text.split("&"):
-        if "=" not in term:
-            raise CliError(f"predicate term {term!r} must look like col=v, col=v1|v2 or col=lo..hi")
-        name, rhs = (t.strip() for t in term.split("=", 1))
-        try:
-            attr = domain.attribute(name)
-        except ValueError as exc:
-            raise CliError(str(exc)) from None
-        if ".." in rhs:
-            lo, hi = rhs.split("..", 1)
-            parts.append(Between(name, _value(attr, lo), _value(attr, hi)))
-        elif "|" in rhs:
-            parts.append(In(name, [_value(attr, v) for v in rhs.split("|")]))
-        else:
-            parts.append(Equals(name, _value(attr, rhs)))
-    return parts[0] if len(parts) == 1 else And(*parts)
-
-
-def parse_workload(spec: str, domain: Domain) -> Any:
-    """Workload (bound to ``domain``) from a SPEC string (see ``dpopt answer --help``)."""
-    pieces = []
-    for part in (p.strip() for p in spec.split(";")):
-        if not part:
-            continue
-        kind, _, arg = part.partition(":")
-        kind = kind.strip()
-        if kind == "total":
-            pieces.append(total_workload(domain))
-        elif kind == "identity":
-            pieces.append(identity_workload(domain))
-        elif kind == "marginal":
-            pieces.append(marginal_workload(domain, _split_names(arg)))
-        elif kind == "marginals":
-            try:
-                k = int(arg)
-            except ValueError:
-                raise CliError(f"marginals:K needs an integer K, got {arg!r}") from None
-            pieces.append(marginals_workload(domain, k))
-        elif kind == "range":
-            pieces.append(range_workload(domain, arg.strip()))
-        elif kind == "predicate":
-            pieces.append(predicate_workload(domain, [_condition(domain, arg)]))
-        else:
-            raise CliError(f"workload part {part!r}: expected total, identity, marginal:COLS, "
-                           "marginals:K, range:COL or predicate:COND")
-    if not pieces:
-        raise CliError(f"workload spec {spec!r} is empty")
-    return pieces[0] if len(pieces) == 1 else stack_workloads(pieces, name=spec)
 
 
 # -- the subcommand -------------------------------------------------------------------------------

@@ -9,9 +9,25 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from dpopt.data import Attribute, Domain, IntegerRange, NumericBins
+from dpopt.queries import (
+    And,
+    Between,
+    Condition,
+    Equals,
+    In,
+    identity_workload,
+    marginal_workload,
+    marginals_workload,
+    predicate_workload,
+    range_workload,
+    stack_workloads,
+    total_workload,
+)
 from dpopt.workloads import (
     AllPredicate,
     AllRange,
@@ -43,6 +59,18 @@ workload specs:
   N, M, K and sizes are positive integers; marginals need 1 <= K <= number of attributes, width K <= N,
   wrelated s <= min(M, N), wtau tau in [0, 1], seed >= 0; trailing or unknown parts are refused.
   Kronecker products and marginals too large for a dense W^T W are handled implicitly (mechanism hdmm)."""
+
+
+DOMAIN_SPEC_HELP = """\
+workload SPEC (';'-separated parts, answered together):
+  total | identity          the row count | every cell
+  marginal:a,b              counts for every combination of a and b
+  marginals:K               all K-way marginals
+  range:age                 all ranges lo..hi of an ordinal column
+  predicate:COND            one count; COND is terms joined by '&':
+                            col=v (equals), col=v1|v2 (in), col=lo..hi (between, inclusive)
+  e.g.  --workload "marginal:religious,children;predicate:rate_marriage=4..5&children=0;range:rate_marriage\"\
+"""
 
 
 class SpecError(ValueError):
@@ -174,10 +202,17 @@ def _random_family(name: str, args: list[str]) -> Workload:
     return WTau(m, n, _fraction(opts["tau"], "tau"), seed=seed)
 
 
-def parse_workload(spec: str) -> Workload:
-    """Build the workload a spec names (see SPEC_HELP); raises SpecError with the reason."""
+def parse_workload(spec: str, domain: Domain | None = None) -> Workload:
+    """The workload a spec names; raises SpecError with the reason.
+
+    Without a domain, the size grammar of SPEC_HELP (`allrange:256`, `marginals:3x4x5:2`, `kron:...`);
+    over a data Domain, the column grammar of DOMAIN_SPEC_HELP (`marginals:2`, `range:age`, ...), whose
+    workloads are bound to the domain and labelled.
+    """
     if not isinstance(spec, str) or not spec.strip():
         raise SpecError("empty workload spec")
+    if domain is not None:
+        return _domain_workload(spec, domain)
     spec = spec.strip()
     name, _, rest = spec.partition(":")
     name = name.lower()
@@ -224,3 +259,90 @@ def parse_workload(spec: str) -> Workload:
     except ValueError as exc:
         raise SpecError(f"bad workload spec {spec!r}: {exc}") from None
     raise SpecError(f"unknown workload family {name!r} in spec {spec!r}")
+
+
+# -- workloads over a data Domain ----------------------------------------------------------------
+def split_names(text: str) -> list[str]:
+    """Column names of a comma-separated list; refuses an empty one."""
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    if not names:
+        raise SpecError(f"expected a comma-separated list of columns, got {text!r}")
+    return names
+
+
+def _value(attr: Attribute, token: str) -> Any:
+    """The level of ``attr`` written as ``token`` on the command line."""
+    token = token.strip()
+    if isinstance(attr, IntegerRange):
+        try:
+            return int(token)
+        except ValueError:
+            raise SpecError(f"column {attr.name!r}: {token!r} is not an integer; expected "
+                           f"{attr.expected()}") from None
+    if isinstance(attr, NumericBins):
+        try:
+            return float(token)
+        except ValueError:
+            raise SpecError(f"column {attr.name!r}: {token!r} is not a number") from None
+    for code in range(attr.n_regular):
+        level = attr.value_of(code)
+        if str(level) == token:
+            return level
+        try:
+            if float(token) == float(level):
+                return level
+        except (TypeError, ValueError):
+            pass
+    raise SpecError(f"column {attr.name!r}: {token!r} is not a level; expected {attr.expected()}")
+
+
+def _condition(domain: Domain, text: str) -> Condition:
+    parts: list[Condition] = []
+    for term in text.split("&"):
+        if "=" not in term:
+            raise SpecError(f"predicate term {term!r} must look like col=v, col=v1|v2 or col=lo..hi")
+        name, rhs = (t.strip() for t in term.split("=", 1))
+        try:
+            attr = domain.attribute(name)
+        except ValueError as exc:
+            raise SpecError(str(exc)) from None
+        if ".." in rhs:
+            lo, hi = rhs.split("..", 1)
+            parts.append(Between(name, _value(attr, lo), _value(attr, hi)))
+        elif "|" in rhs:
+            parts.append(In(name, [_value(attr, v) for v in rhs.split("|")]))
+        else:
+            parts.append(Equals(name, _value(attr, rhs)))
+    return parts[0] if len(parts) == 1 else And(*parts)
+
+
+def _domain_workload(spec: str, domain: Domain) -> Workload:
+    """Workload bound to ``domain`` from a ';'-separated DOMAIN_SPEC_HELP string (labelled rows)."""
+    pieces = []
+    for part in (p.strip() for p in spec.split(";")):
+        if not part:
+            continue
+        kind, _, arg = part.partition(":")
+        kind = kind.strip()
+        if kind == "total":
+            pieces.append(total_workload(domain))
+        elif kind == "identity":
+            pieces.append(identity_workload(domain))
+        elif kind == "marginal":
+            pieces.append(marginal_workload(domain, split_names(arg)))
+        elif kind == "marginals":
+            try:
+                k = int(arg)
+            except ValueError:
+                raise SpecError(f"marginals:K needs an integer K, got {arg!r}") from None
+            pieces.append(marginals_workload(domain, k))
+        elif kind == "range":
+            pieces.append(range_workload(domain, arg.strip()))
+        elif kind == "predicate":
+            pieces.append(predicate_workload(domain, [_condition(domain, arg)]))
+        else:
+            raise SpecError(f"workload part {part!r}: expected total, identity, marginal:COLS, "
+                           "marginals:K, range:COL or predicate:COND")
+    if not pieces:
+        raise SpecError(f"workload spec {spec!r} is empty")
+    return pieces[0] if len(pieces) == 1 else stack_workloads(pieces, name=spec)

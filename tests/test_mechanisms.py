@@ -422,7 +422,7 @@ def test_mm_optimal_on_adult_marginal_and_ranges_is_not_worse_than_identity():
     from conftest import require_shared
 
     from dpopt.data import Domain
-    from dpopt.release_cli import parse_workload
+    from dpopt.specs import parse_workload
 
     path = require_shared("data/adult/adult-domain.json")
     w = parse_workload("marginal:age,sex;range:age", Domain.from_json(path).project(["age", "sex"]))

@@ -13,7 +13,8 @@ import pytest
 from conftest import require_shared
 
 from dpopt.data import Categorical, Domain, IntegerRange, NumericBins, histogram
-from dpopt.release_cli import CliError, main, parse_domain, parse_workload
+from dpopt.release_cli import CliError, main, parse_domain
+from dpopt.specs import parse_workload
 
 COLUMNS = "query,answer,std,noise,noise_scale,mode,mechanism,epsilon,delta"
 
@@ -55,7 +56,8 @@ def test_parse_specs() -> None:
             parse_domain(bad)
     for bad, pattern in [("cube:2", "expected total, identity"), ("marginals:two", "integer K"),
                          ("predicate:sex=X", r"'X' is not a level"),
-                         ("predicate:age=old", "not an integer"), ("", "is empty")]:
+                         ("predicate:age=old", "not an integer"), ("", "empty workload spec"),
+                         (" ; ", "is empty")]:
         with pytest.raises(CliError, match=pattern):
             parse_workload(bad, dom)
 

@@ -21,7 +21,8 @@ from dpopt.queries import (
     stack_workloads,
 )
 from dpopt.release import PrivacyLedger, release
-from dpopt.release_cli import parse_domain, parse_workload
+from dpopt.release_cli import parse_domain
+from dpopt.specs import parse_workload
 from dpopt.workloads import Kron, Marginals, Stack
 
 # Dense reference: pinv of a strategy with condition number kappa <= 1e3 on n <= 60 cells is accurate to
