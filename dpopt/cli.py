@@ -59,7 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="fit every applicable mechanism on a workload and tabulate errors against the lower bound",
         description=_paragraphs("Fit mechanisms on a workload and print expected errors, RMSE and the ratio to the lower "
         "bound (P * SVD bound), sorted by error. JSON records carry: mechanism, expected_total_error, rmse, "
-        "bound, ratio_to_bound, fit_seconds, solver, status (and more); json and csv print every number to "
+        "bound, ratio_to_bound, release_total_error (the error of the same strategy released by `dpopt answer`, "
+        "whose Gaussian noise is the sigma OpenDP certifies, not the calibration's), fit_seconds, solver, "
+        "status (and more); json and csv print every number to "
         "full double precision (it reads back to the same float).\n\n"
         "The classic Gaussian calibration sigma = sens2 sqrt(2 ln(2/delta))/eps is not (eps, delta)-DP at "
         "large eps (from about eps = 10 at delta = 1e-6): when the exact delta it achieves (Balle and Wang "
