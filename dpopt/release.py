@@ -791,8 +791,9 @@ def release(
     Returns a DataFrame with one row per query: query, answer, std (standard deviation of that
     answer's noise, from the scale actually drawn), noise ("laplace"/"gaussian"), noise_scale
     (per measurement: Laplace b = sens1/eps, or the Gaussian sigma OpenDP certifies at (epsilon,
-    delta) for sens2), mode ("release"), mechanism, epsilon, delta (requested; the ledger holds
-    the charge).
+    delta) for sens2), mode ("release"), mechanism, strategy (the strategy it selected: a
+    baseline's name when the mechanism kept a baseline with less error), epsilon, delta (requested;
+    the ledger holds the charge).
     """
     for attr in ("strategy_", "privacy_", "workload_"):
         if not hasattr(mechanism_fitted, attr):
@@ -860,6 +861,7 @@ def release(
         "noise_scale": scale,
         "mode": RELEASE,
         "mechanism": name,
+        "strategy": getattr(strategy, "name", ""),
         "epsilon": float(privacy.epsilon),
         "delta": float(privacy.delta),
     })

@@ -52,7 +52,8 @@ domain SPEC (which columns, and which values each may take):
 
 output CSV columns: query, answer, std (noise std of that answer), noise (laplace|gaussian),
 noise_scale (per measurement: b = sens1/eps, or the smallest sigma OpenDP certifies at
-(eps, delta)), mode (=release), mechanism, epsilon, delta.
+(eps, delta)), mode (=release), mechanism, strategy (what the mechanism selected: a baseline's
+name such as identity when it kept a baseline with less error), epsilon, delta.
 
 privacy: --delta 0 (default) gives eps-DP with Laplace noise; --delta > 0 gives (eps, delta)-DP with
 Gaussian noise.  What is charged is what OpenDP certifies for the noise drawn, never less than

@@ -41,7 +41,7 @@ from dpopt.release import _secure_gaussian as secure_gaussian  # module-private:
 from dpopt.release import _secure_laplace as secure_laplace
 from dpopt.strategy import Strategy
 
-COLUMNS = ["query", "answer", "std", "noise", "noise_scale", "mode", "mechanism", "epsilon",
+COLUMNS = ["query", "answer", "std", "noise", "noise_scale", "mode", "mechanism", "strategy", "epsilon",
            "delta"]
 KS_ALPHA = 1e-6  # a correct sampler fails the KS check with probability 1e-6
 

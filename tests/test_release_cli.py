@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import re
@@ -13,10 +14,12 @@ import pytest
 from conftest import require_shared
 
 from dpopt.data import Categorical, Domain, IntegerRange, NumericBins, histogram
-from dpopt.release_cli import CliError, main, parse_domain
+from dpopt.mechanisms import make_mechanism
+from dpopt.privacy import Privacy
+from dpopt.release_cli import DEFAULT_FAIR_DOMAIN, CliError, main, parse_domain
 from dpopt.specs import parse_workload
 
-COLUMNS = "query,answer,std,noise,noise_scale,mode,mechanism,epsilon,delta"
+COLUMNS = "query,answer,std,noise,noise_scale,mode,mechanism,strategy,epsilon,delta"
 
 
 def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -230,3 +233,19 @@ def test_cli_gaussian_charge_covers_opendp_certificate(capsys, tmp_path: Path) -
     (charge,) = json.loads(led.read_text())["history"]
     assert charge["epsilon"] >= certified and charge["delta"] == 1e-6
     assert charge["rho"] >= meas.map(1.0)
+
+
+def test_answers_name_the_strategy_actually_used(capsys: pytest.CaptureFixture[str]) -> None:
+    # Under eps-DP, mm-optimal's L2-optimised strategy loses to identity on the Fair 2-way marginals and
+    # identity is returned: the CSV says so in its strategy column (the mechanism column keeps the name asked).
+    rc, out, _ = _run(capsys, "--epsilon", "1", "--workload", "marginals:2", "--mechanism", "mm-optimal")
+    assert rc == 0
+    df = pd.read_csv(io.StringIO(out))
+    assert (df["mechanism"] == "mm-optimal").all() and (df["strategy"] == "identity").all()
+    ident = make_mechanism("identity").fit(parse_workload("marginals:2", parse_domain(DEFAULT_FAIR_DOMAIN)),
+                                           Privacy(1.0))
+    # identity's per-query std at eps = 1: Laplace b = 1 (sens1 = 1), std sqrt(2) per cell, summed cells
+    np.testing.assert_allclose(df["std"] ** 2, ident.query_unit_variances() * 2.0, rtol=1e-12)
+    rc, out, _ = _run(capsys, "--epsilon", "1", "--delta", "1e-6", "--workload", "marginals:2",
+                      "--mechanism", "mm-optimal")
+    assert rc == 0 and (pd.read_csv(io.StringIO(out))["strategy"] == "optimal").all()
