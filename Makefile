@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-slow lint bench clean
+.PHONY: demo test test-slow lint bench outputs clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "dpopt needs Python >= 3.11, found " + sys.version' 
@@ -29,6 +29,10 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.run_all
+
+# Regenerate every committed table and executed notebook at its committed size (hours; see --list).
+outputs: $(STAMP)
+	$(BIN)/python -m benchmarks.committed
 
 clean:
 	rm -rf $(VENV) build *.egg-info
