@@ -21,6 +21,7 @@ config file (TOML or JSON), e.g.:
   monte_carlo_trials = 0         # > 1 adds sampled errors
   data = "npy:PATH"              # optional data vector (merged to n cells) or "poisson:MEAN"
   shared_fits = false            # true: one fit per point serves every eps and delta
+  time_limit = 60                # seconds per fit (optional; --time-limit overrides it)
   [sizes]
   n = [64, 128]
   m = [32]
@@ -58,6 +59,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     p.add_argument("--out", default=None, help="write the results here (.csv; default: CSV on stdout)")
     p.add_argument("--plot", default=None, help="also draw mean error per mechanism and workload to this PNG")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument("--time-limit", type=_time_limit, default=None, metavar="SECONDS",
+                   help="wall-clock seconds per fit (a capped solver returns its best valid strategy, status "
+                        "time_limit); default: the config's time_limit, else none")
 
     p = sub.add_parser(
         "reproduce",
@@ -87,6 +91,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     p.add_argument("--scheduler", default=None, help="Dask scheduler address")
     p.add_argument("--cache", default=None, help="directory of per-task results (resume and reuse)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument("--time-limit", type=_time_limit, default=None, metavar="SECONDS",
+                   help="wall-clock seconds per fit (a capped solver returns its best valid strategy, status "
+                        "time_limit); default: the config's time_limit, else none")
 
     p = sub.add_parser(
         "crossval",
@@ -115,6 +122,13 @@ def dispatch(args: argparse.Namespace) -> int:
     raise ValueError(f"unknown experiment command {args.command!r}; expected one of {', '.join(COMMANDS)}")
 
 
+def _time_limit(text: str) -> float | None:
+    """--time-limit: seconds > 0, or 'none'."""
+    from dpopt.cli import _time_limit as parse
+
+    return parse(text)
+
+
 def _check_workers(workers: int | None) -> None:
     if workers is not None and workers < 0:
         raise ValueError(f"--workers must be >= 0, got {workers}")
@@ -125,6 +139,8 @@ def _sweep(args: argparse.Namespace) -> int:
 
     _check_workers(args.workers)
     cfg = load_config(args.config)
+    if args.time_limit is not None:
+        cfg.time_limit = args.time_limit
     df = run_sweep(cfg, max_workers=args.workers, scheduler=args.scheduler, cache=args.cache,
                    progress=not args.no_progress)
     if args.out:
@@ -187,7 +203,8 @@ def _reproduce(args: argparse.Namespace) -> int:
     res = reproduce(args.name, full=args.full, scale=args.scale, out=args.out, max_workers=args.workers,
                     scheduler=args.scheduler, cache=args.cache, repetitions=args.repetitions,
                     epsilons=_epsilons(args.epsilon), max_cells=_max_cells(args.max_cells),
-                    use_data=not args.no_data, xs=_xs(args.xs), progress=not args.no_progress)
+                    use_data=not args.no_data, xs=_xs(args.xs), progress=not args.no_progress,
+                    time_limit=args.time_limit)
     if args.plot and "png" in res.files:
         shutil.copyfile(res.files["png"], args.plot)
     return 0

@@ -60,7 +60,7 @@ _RECORD_RENAME = {"workload": "workload_name", "solver": "fit_solver", "calibrat
 _RECORD_DROP = ("mechanism", "epsilon", "delta")
 CONFIG_KEYS = (
     "name", "workloads", "sizes", "mechanisms", "solvers", "epsilon", "delta", "calibration",
-    "repetitions", "monte_carlo_trials", "data", "shared_fits",
+    "repetitions", "monte_carlo_trials", "data", "shared_fits", "time_limit",
 )
 CACHE_VERSION = 1
 
@@ -108,6 +108,7 @@ class Task:
     solver: passed as `solver=` to mechanisms that take one; None means the mechanism's default.
     data: None, 'npy:PATH' (cells merged into n bins) or 'poisson:MEAN' (drawn from the instance seed).
     monte_carlo_trials: 0 for the exact expected error only; else this many noisy answers are drawn.
+    time_limit: wall-clock seconds for the fit (`Mechanism.fit(time_limit=)`); None: no limit.
     index: position in the sweep (not part of the hash: the same task in two sweeps shares its cache).
     """
 
@@ -124,14 +125,17 @@ class Task:
     data: str | None = None
     monte_carlo_trials: int = 0
     shared_fit: bool = False
+    time_limit: float | None = None
     index: int = field(default=0, compare=False)
 
     def key_fields(self) -> dict[str, Any]:
-        """Every field except the index (what the hash covers); shared_fit only when set."""
+        """Every field except the index (what the hash covers); shared_fit and time_limit only when set."""
         d = asdict(self)
         d.pop("index")
         if not self.shared_fit:
             d.pop("shared_fit")  # so tasks without it keep the hashes (and caches) they always had
+        if self.time_limit is None:
+            d.pop("time_limit")  # likewise; a capped fit is another task (its result may differ)
         return d
 
     @property
@@ -204,6 +208,8 @@ class Task:
                 "shared_fit": self.shared_fit,
             }
         )
+        if self.time_limit is not None:
+            out["time_limit"] = self.time_limit
         return out
 
 
@@ -249,6 +255,15 @@ def _as_bool(v: Any, key: str) -> bool:
     return v
 
 
+def _time_limit(value: Any) -> float | None:
+    """A config's time_limit: seconds > 0 per fit, or absent / "none" for no limit."""
+    if value is None or (isinstance(value, str) and value.strip().lower() == "none"):
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise SweepError(f"'time_limit' must be seconds > 0 or \"none\", got {value!r}")
+    return float(value)
+
+
 @dataclass
 class SweepConfig:
     """A sweep's grid (see the module docstring); `sizes` is a table of lists (cartesian) or a list of points."""
@@ -264,6 +279,7 @@ class SweepConfig:
     monte_carlo_trials: int = 0
     data: str | None = None
     shared_fits: bool = False
+    time_limit: float | None = None
     name: str = "sweep"
 
     @classmethod
@@ -305,6 +321,7 @@ class SweepConfig:
             monte_carlo_trials=trials,
             data=d.get("data"),
             shared_fits=_as_bool(d.get("shared_fits", False), "shared_fits"),
+            time_limit=_time_limit(d.get("time_limit")),
             name=str(d.get("name", "sweep")),
         )
         cfg.validate()
@@ -350,6 +367,7 @@ class SweepConfig:
                                                 data=self.data,
                                                 monte_carlo_trials=self.monte_carlo_trials,
                                                 shared_fit=self.shared_fits,
+                                                time_limit=self.time_limit,
                                                 index=len(tasks),
                                             )
                                         )
@@ -513,6 +531,7 @@ _SKIPS = _skip_types()
 def _run_task(task: Task) -> dict[str, Any]:
     from dpopt.bounds import log10_svd_bound
     from dpopt.error import expected_error, monte_carlo_total
+    from dpopt.mechanisms.base import fit_budget
     from dpopt.mechanisms.registry import MECHANISMS, _load
     from dpopt.privacy import Privacy
     from dpopt.specs import parse_workload
@@ -527,7 +546,8 @@ def _run_task(task: Task) -> dict[str, Any]:
         x = load_data(task.data, workload.n, instance_seed(task.template or task.workload, dict(task.sizes), task.repetition))
     cls = _load(task.mechanism)
     mech = cls(**_constructor_kwargs(cls, task, task.mechanism_seed))
-    mech.fit(workload, privacy)
+    with fit_budget(task.time_limit):  # reaches mechanisms whose fit does not take time_limit itself
+        mech.fit(workload, privacy)
     rec = mech.record()
     out: dict[str, Any] = {}
     if task.shared_fit:

@@ -5,12 +5,14 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TextIO
 
 import pandas as pd
 
 from dpopt.experiments import Task, run_sweep
+from dpopt.mechanisms.base import check_time_limit
 from dpopt.reproduce.experiment import Experiment, Reproduction, check_scale
 from dpopt.reproduce.lrm_figures import lrm_experiments
 from dpopt.reproduce.om_figures import om_experiments
@@ -43,18 +45,22 @@ def reproduce(
     progress: bool = True,
     report: bool = True,
     stream: TextIO | None = None,
+    time_limit: float | None = None,
 ) -> Reproduction:
     """Run an experiment, write its CSVs and plot under `out` (None: write nothing), print the comparison.
 
     scale: 'small', 'default' or 'full' (default: 'full' if full else 'default').
     repetitions, epsilons, max_cells, use_data, xs: overrides of the experiment's (see `Experiment.tasks`).
-    The report goes to `stream` (default sys.stdout) unless report=False.
+    The report goes to `stream` (default sys.stdout) unless report=False. time_limit: wall-clock seconds
+    per fit (None: no limit); a capped fit keeps its best valid strategy and says so in its status.
     """
     exp = name if isinstance(name, Experiment) else EXPERIMENTS.get(name)
     if exp is None:
         raise ValueError(f"unknown experiment {name!r}; expected one of {', '.join(EXPERIMENTS)}")
     scale = check_scale(scale or ("full" if full else "default"))
     tasks = exp.tasks(scale, repetitions, epsilons, max_cells, use_data, xs)
+    if time_limit is not None:
+        tasks = [replace(t, time_limit=check_time_limit(time_limit)) for t in tasks]
     df = run_sweep(tasks, max_workers=max_workers, scheduler=scheduler, cache=cache, progress=progress,
                    desc=exp.name)
     summary = exp.summarise(df) if exp.summarise else figure_summary(df, exp.metric)
