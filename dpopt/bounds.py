@@ -122,6 +122,53 @@ def log10_svd_bound(workload: Workload | np.ndarray) -> float:
     return math.log10(svd_bound_from_gram(w.gram())) + w.gram_log_scale / math.log(10.0)
 
 
+def l2_optimum_lower_bound(G: np.ndarray, d: np.ndarray) -> float:
+    """Lagrangian dual bound ||W D^{1/2}||_*^2 / sum(d) <= min trace(G X^+) over diag(X) <= 1 (seed 002), any d >= 0.
+
+    Computed as n SVDB(W D^{1/2}) / sum(d) from the eigenvalues of D^{1/2} G D^{1/2}, less their backward
+    error and the scaling's rounding (5 n eps lambda_max), so round-off only lowers it; d = 1 gives SVDB(W).
+    """
+    G = _check_gram(G)
+    d = np.asarray(d, dtype=float)
+    n = G.shape[0]
+    if d.shape != (n,) or not np.all(np.isfinite(d)) or np.any(d < 0) or not d.sum() > 0:
+        raise ValueError(f"multipliers d must be {n} finite numbers >= 0, not all zero")
+    r = np.sqrt(d)
+    lam = np.linalg.eigvalsh(G * r[:, None] * r[None, :])
+    err = 5.0 * n * EPS * float(np.max(np.abs(lam)))
+    sigma = np.sqrt(np.clip(lam - err, 0.0, None))
+    total = float(d.sum()) * (1.0 + (n + 2) * EPS)  # an upper bound on the exact sum: the bound only drops
+    return svdb_from_singular_value_bounds(sigma, n, term_rel_err=EPS) * n / total * (1.0 - 2.0 * EPS)
+
+
+# Largest domain whose (eps, delta) optimum is solved for the certified bound below (one dense solve).
+L2_BOUND_MAX_CELLS = 4096
+
+
+def certified_l2_bound(workload: Workload | np.ndarray, time_limit: float | None = None) -> tuple[float, str]:
+    """The larger certified lower bound on min trace(W^T W X^+) over diag(X) <= 1, and its kind.
+
+    'l2-optimum': the dual bound at the multipliers of seed 002's certified solver (`solve_convex_dp`, stopped
+    at `time_limit` seconds if given); 'svd': SVDB(W) (seed 004 Prop. 4.3) where that is larger. Times
+    P(eps, delta) it bounds every strategy's error under (eps, delta)-DP, and under eps-DP too since
+    sens1(A) >= sens2(A). Workloads of at most L2_BOUND_MAX_CELLS cells with an unscaled Gram.
+    """
+    from dpopt.solvers.convex_dp import solve_convex_dp  # the solvers build on this module
+
+    w = as_workload(workload)
+    if w.gram_log_scale != 0.0 or w.n > L2_BOUND_MAX_CELLS:
+        raise ValueError(f"the certified L2 bound needs an unscaled Gram of at most {L2_BOUND_MAX_CELLS} cells; "
+                         f"{w.name} has {w.n}")
+    svdb = svd_bound(w)
+    G = w.gram()
+    res = solve_convex_dp(G, tol=1e-8, time_limit=time_limit)
+    d = res.extra.get("d")
+    if d is None:
+        return svdb, "svd"
+    value = l2_optimum_lower_bound(G, np.asarray(d, dtype=float))
+    return (value, "l2-optimum") if value > svdb else (svdb, "svd")
+
+
 def column_projection_gram(G: np.ndarray, cells: Sequence[int] | np.ndarray) -> np.ndarray:
     """Gram of the column projection mu(W) onto `cells`: W^T W restricted to those rows/columns (seed 004 Def. 3.7)."""
     idx = np.asarray(cells, dtype=int)

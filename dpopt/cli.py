@@ -58,7 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
         "compare",
         help="fit every applicable mechanism on a workload and tabulate errors against the lower bound",
         description=_paragraphs("Fit mechanisms on a workload and print expected errors, RMSE and the ratio to the lower "
-        "bound (P * SVD bound), sorted by error. JSON records carry: mechanism, expected_total_error, rmse, "
+        "bound, sorted by error: P * SVD bound under (eps, delta); under eps-DP the tightest bound certified "
+        "(bound_kind l2-optimum: P_eps times the certified optimum of trace(W^T W X^+) over diag(X) <= 1, "
+        "valid as sens1 >= sens2). JSON records carry: mechanism, expected_total_error, rmse, "
         "bound, ratio_to_bound, release_total_error (the error of the same strategy released by `dpopt answer`, "
         "whose Gaussian noise is the sigma OpenDP certifies, not the calibration's), fit_seconds, solver, "
         "status (and more); json and csv print every number to "

@@ -180,8 +180,8 @@ def test_table_explains_columns_and_names_the_winner(capsys):
     code, out, _ = run(capsys, *args, "-f", "table")
     assert code == 0
     assert "eps=0.5, delta=1e-06" in out and "calibration: gaussian-classic" in out
-    assert ("ratio_to_bound = expected_total_error / bound; bound = P(eps,delta) * SVDB(W), "
-            "a lower bound for every strategy") in out
+    assert ("ratio_to_bound = expected_total_error / bound; bound: a lower bound for every strategy, named by "
+            "bound_kind: 'svd' = P(eps,delta) * SVDB(W)") in out
     assert f"best: {best['mechanism']} (ratio {best['ratio_to_bound']:.4f})" in out.splitlines()
     # rows were printed as they finished, in the fixed cost order, before the sorted table
     finished = [line.split()[1].rstrip(":") for line in out.splitlines() if line.startswith("finished ")]

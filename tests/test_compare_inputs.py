@@ -117,15 +117,25 @@ def _identity_prefix4_eps1000():
     return make_mechanism("identity").fit(Prefix(4), Privacy(1000.0))
 
 
+def _eps_dp_bound_prefix4_eps1000() -> float:
+    """The eps-DP bound compare reports: P_eps times the certified L2-optimum bound (same computation)."""
+    from dpopt.compare import eps_dp_bound
+
+    value, kind = eps_dp_bound(Prefix(4), Privacy(1000.0), None)
+    assert kind == "l2-optimum"
+    return value
+
+
 def test_json_carries_full_double_precision(capsys):
     code, out, _ = run(capsys, "-w", "prefix:4", "-e", "1000", "-m", "identity", "-f", "json")
     rec = json.loads(out)[0]
     lib = _identity_prefix4_eps1000()
-    assert round(lib.bound_, 10) != lib.bound_  # 10 decimal places would lose this bound's digits
+    bound = _eps_dp_bound_prefix4_eps1000()
+    assert round(bound, 10) != bound  # 10 decimal places would lose this bound's digits
     assert code == 0
-    assert rec["bound"] == lib.bound_
+    assert rec["bound"] == bound and rec["bound_kind"] == "l2-optimum"
     assert rec["expected_total_error"] == lib.expected_error_.total
-    assert rec["ratio_to_bound"] == lib.expected_error_.total / lib.bound_
+    assert rec["ratio_to_bound"] == lib.expected_error_.total / bound
 
 
 def test_csv_carries_full_double_precision(capsys):
@@ -133,7 +143,7 @@ def test_csv_carries_full_double_precision(capsys):
     row = pd.read_csv(io.StringIO(out)).iloc[0]
     lib = _identity_prefix4_eps1000()
     assert code == 0
-    assert float(row["bound"]) == lib.bound_
+    assert float(row["bound"]) == _eps_dp_bound_prefix4_eps1000()
     assert float(row["expected_total_error"]) == lib.expected_error_.total
 
 

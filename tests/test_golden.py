@@ -32,16 +32,19 @@ SOLVER_TOL = 1e-8
 ITERATIVE = {"eigen", "mm-optimal"}  # certified convex solvers (hdmm below is pinned only where closed-form)
 
 # (spec, mechanism, eps, delta, expected_total_error, bound, ratio_to_bound)
+# Under eps-DP compare reports the tightest bound it certifies (bound_kind): four eps-DP bounds below moved
+# from P SVDB(W) (21574.300628363755, 532.7516669396557, 1015.2228089017834, 13389.506207892153) to the
+# certified L2-optimum bound; no error changed.
 COMPARE_CASES = [
-    ("allrange:64", "identity", 1.0, 0.0, 91520.0, 21574.300628363755, 4.242084208267617),
+    ("allrange:64", "identity", 1.0, 0.0, 91520.0, 22048.762894296517, 4.150799772248176),
     ("allrange:64", "hierarchical", 1.0, 1e-6, 548576.8085209624, 313014.1437649577, 1.7525623664242105),
-    ("prefix:64", "wavelet", 1.0, 0.0, 5624.28125, 532.7516669396557, 10.557041111308353),
+    ("prefix:64", "wavelet", 1.0, 0.0, 5624.28125, 564.4028420443337, 9.965012276742245),
     ("allrange:64", "laplace", 0.5, 1e-6, 254943812.3961095, 1252056.575059831, 203.62004199684566),
     ("allrange:64", "eigen", 1.0, 1e-6, 325696.04244472616, 313014.1437649577, 1.040515417377725),
     ("prefix:32", "mm-optimal", 1.0, 1e-6, 3324.215038913294, 3111.2809346070253, 1.0684393691157188),
-    ("kron:allrange:8,prefix:4", "identity", 1.0, 0.0, 2400.0, 1015.2228089017834, 2.3640130806322195),
+    ("kron:allrange:8,prefix:4", "identity", 1.0, 0.0, 2400.0, 1106.2459066707145, 2.169499552972705),
     ("kron:allrange:8,prefix:4", "hdmm", 1.0, 1e-6, 16050.143235276846, 14729.520262710279, 1.08965824745222),
-    ("kron:allrange:16,prefix:8", "hdmm", 1.0, 0.0, 58752.0, 13389.506207892153, 4.387913869846067),
+    ("kron:allrange:16,prefix:8", "hdmm", 1.0, 0.0, 58752.0, 14762.472751370145, 3.979821063144524),
     ("marginals:3x4x5:2", "identity", 1.0, 0.0, 360.0, 206.63163957357006, 1.7422307674804274),
     ("marginals:3x4x5:2", "hdmm", 1.0, 1e-6, 2997.9477365233456, 2997.9477365233056, 1.0000000000000133),
     ("marginals:4x4x4x4:2", "hdmm", 2.0, 0.0, 768.0, 186.4095661037686, 4.119960236227778),
@@ -88,9 +91,11 @@ def test_compare_golden(case: tuple) -> None:
         argv += ["--delta", repr(delta)]
     (row,) = json.loads(_run(argv))
     rel = _rel(mech, (spec, mech) in KRON_SOLVED)
+    # an 'l2-optimum' bound is the dual value at the certified solver's multipliers: within its tol too
+    rel_bound = REL_EXACT + (2 * SOLVER_TOL if row["bound_kind"] == "l2-optimum" else 0.0)
     assert row["expected_total_error"] == pytest.approx(total, rel=rel)
-    assert row["bound"] == pytest.approx(bound, rel=REL_EXACT)
-    assert row["ratio_to_bound"] == pytest.approx(ratio, rel=rel + REL_EXACT)
+    assert row["bound"] == pytest.approx(bound, rel=rel_bound)
+    assert row["ratio_to_bound"] == pytest.approx(ratio, rel=rel + rel_bound)
 
 
 def _stack() -> Stack:
