@@ -61,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
         "bound, sorted by error: P * SVD bound under (eps, delta); under eps-DP the tightest bound certified "
         "(bound_kind l2-optimum: P_eps times the certified optimum of trace(W^T W X^+) over diag(X) <= 1, "
         "valid as sens1 >= sens2). JSON records carry: mechanism, expected_total_error, rmse, "
-        "bound, ratio_to_bound, release_total_error (the error of the same strategy released by `dpopt answer`, "
+        "max_query_std (the largest per-query standard deviation), bound, ratio_to_bound, release_total_error (the error of the same strategy released by `dpopt answer`, "
         "whose Gaussian noise is the sigma OpenDP certifies, not the calibration's), fit_seconds, solver, "
         "status (and more); json and csv print every number to "
         "full double precision (it reads back to the same float).\n\n"
@@ -88,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "'none' for no limit). An iterative solver that reaches it keeps its best valid strategy "
                         "(status time_limit, not certified optimal); a mechanism estimated to need more is "
                         "skipped with the estimate")
+    p.add_argument("--objective", choices=["sum", "max"], default="sum",
+                   help="what mm-optimal minimises: the total squared error (default) or the largest per-query "
+                        "variance (certified minimax); every row reports max_query_std")
 
     from dpopt.release_cli import add_answer_parser
 
@@ -125,7 +128,7 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
             mechs = [m.strip() for m in args.mechanisms.split(",") if m.strip()] if args.mechanisms else None
             return main_compare(parse_workload(args.workload), _privacy(args), mechs, args.format, args.plot,
-                                time_limit=args.time_limit)
+                                time_limit=args.time_limit, objective=args.objective)
         from dpopt import cli_experiments
 
         if args.command in cli_experiments.COMMANDS:

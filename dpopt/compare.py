@@ -36,6 +36,7 @@ COLUMNS = [
     "sensitivity",
     "expected_total_error",
     "rmse",
+    "max_query_std",
     "bound",
     "ratio_to_bound",
     "bound_kind",
@@ -204,8 +205,33 @@ def _skipped_row(name: str, workload: Workload, why: str) -> dict[str, Any]:
             "status": f"skipped: {why}"}
 
 
+# Per-query variances are computed for max_query_std when the reconstruction has at most this many entries.
+MAX_QUERY_VARIANCE_ENTRIES = 50_000_000
+
+
+def max_query_std(mech: Any) -> float:
+    """sqrt(max_i Var(q_i)): the largest per-query standard deviation of a fitted mechanism's error model.
+
+    Through the error report's per-query variances where it lists them, else the mechanism's own
+    `query_unit_variances` (Kronecker, marginal) times P sens^2; NaN when the queries are too many to list.
+    """
+    w = mech.workload_
+    r = mech.strategy_.shape[0]
+    if w.m * max(r, w.n) > MAX_QUERY_VARIANCE_ENTRIES:
+        return math.nan
+    per_query = getattr(mech.expected_error_, "per_query", None)
+    if per_query is None:
+        try:  # through the strategy's factors; a workload known only by its Gram has no queries to list
+            unit = np.asarray(mech.query_unit_variances())
+        except (ValueError, WorkloadTooLargeError, MemoryError):
+            return math.nan
+        sens = mech.strategy_.sensitivity(mech.privacy_.norm)
+        per_query = mech.privacy_.variance_factor * sens**2 * unit
+    return math.sqrt(float(np.max(per_query)))
+
+
 def _fit_row(name: str, workload: Workload, privacy: Privacy, time_limit: float | None,
-             unit: float | None, progress: _Progress | None) -> dict[str, Any]:
+             unit: float | None, progress: _Progress | None, objective: str = "sum") -> dict[str, Any]:
     """One mechanism's record, or a 'skipped: why' row."""
     if time_limit is not None and unit is not None:
         est = estimated_fixed_seconds(name, workload, unit)
@@ -220,9 +246,12 @@ def _fit_row(name: str, workload: Workload, privacy: Privacy, time_limit: float 
         with warnings.catch_warnings():
             # a capped solver's strategy is flagged in its row's status; the warning would repeat it
             warnings.simplefilter("ignore", ConvergenceWarning)
-            mech = make_mechanism(name).fit(workload, privacy, time_limit=time_limit,
-                                            progress=None if progress is None else progress.event)
-        return mech.record()
+            params = {"objective": objective} if objective != "sum" and name == "mm-optimal" else {}
+            mech = make_mechanism(name, **params).fit(workload, privacy, time_limit=time_limit,
+                                                      progress=None if progress is None else progress.event)
+        rec = mech.record()
+        rec["max_query_std"] = max_query_std(mech)
+        return rec
     except (MechanismError, StrategyError, WorkloadTooLargeError, MemoryError) as exc:
         return _skipped_row(name, workload, str(exc))
     finally:
@@ -307,6 +336,7 @@ def compare(
     *,
     time_limit: float | None = DEFAULT_TIME_LIMIT,
     on_row: Callable[[dict[str, Any]], None] | None = None,
+    objective: str = "sum",
 ) -> pd.DataFrame:
     """One row per mechanism, sorted by expected total error; a mechanism that cannot run gets status 'skipped: why'.
 
@@ -316,7 +346,8 @@ def compare(
     it has one); a mechanism whose work beyond the limit's reach is estimated above the limit is
     skipped with 'skipped: would take about N s ...'. on_row(record) is called as each row finishes;
     progress (a stream) gets a live line on a terminal, else one line per mechanism. Ctrl-C raises
-    CompareInterrupted carrying the finished rows.
+    CompareInterrupted carrying the finished rows. objective "max" makes mm-optimal minimise the largest
+    per-query variance (`solve_minimax`) instead of the total; every row reports max_query_std.
 
     Under the classic Gaussian calibration at an eps where it is not (eps, delta)-DP, every row keeps its
     numbers and its status starts with 'classic-calibration-invalid: achieves delta=... > requested ...'.
@@ -332,7 +363,7 @@ def compare(
         if time_limit is not None and any(n in FIXED_COST_EIGHS for n in names):
             unit = eigh_seconds(workload.n)
         for name in names:
-            row = _fit_row(name, workload, privacy, time_limit, unit, display)
+            row = _fit_row(name, workload, privacy, time_limit, unit, display, objective)
             row["release_total_error"] = release_total_error(row, privacy)
             _use_bound(row, tightest)
             if problem is not None:
@@ -376,6 +407,7 @@ def _aligned(view: pd.DataFrame) -> str:
             "sensitivity": "{:.4g}".format,
             "expected_total_error": "{:.6g}".format,
             "rmse": "{:.5g}".format,
+            "max_query_std": "{:.5g}".format,
             "bound": "{:.6g}".format,
             "ratio_to_bound": "{:.4f}".format,
             "release_total_error": "{:.6g}".format,
@@ -506,7 +538,7 @@ def plot_comparison(df: pd.DataFrame, path: str) -> None:
 
 def main_compare(workload: Workload, privacy: Privacy, mechanisms: Sequence[str] | None,
                  fmt: str, plot: str | None, out: TextIO | None = None,
-                 time_limit: float | None = DEFAULT_TIME_LIMIT) -> int:
+                 time_limit: float | None = DEFAULT_TIME_LIMIT, objective: str = "sum") -> int:
     """Run a comparison and print it; returns the process exit status (130 after Ctrl-C).
 
     In the table format the header is printed first, each row as a line as it finishes, then the table
@@ -531,7 +563,8 @@ def main_compare(workload: Workload, privacy: Privacy, mechanisms: Sequence[str]
 
     interrupted: list[str] = []
     try:
-        df = compare(workload, privacy, mechanisms, progress=sys.stderr, time_limit=time_limit, on_row=on_row)
+        df = compare(workload, privacy, mechanisms, progress=sys.stderr, time_limit=time_limit, on_row=on_row,
+                     objective=objective)
     except CompareInterrupted as stop:
         df, interrupted = stop.partial, stop.interrupted
         print(f"dpopt: interrupted; printing the {len(df)} finished row(s); not finished: "

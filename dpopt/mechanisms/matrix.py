@@ -54,6 +54,8 @@ from dpopt.validation import check_finite_vector
 from dpopt.workloads import Workload
 
 STRATEGY_KINDS = ("eigen", "optimal", "appendix-b")
+# What the convex optimum minimises: total squared error (seed 002), or the largest per-query variance.
+OBJECTIVES = ("sum", "max")
 FACTORS = ("auto", "cholesky", "sqrt", "eigen")
 INFERENCES = ("ls", "nnls")
 # Hand-written solver for each kind: (module, function, what its SolverResult.x is): "gram" X = A^T A,
@@ -178,7 +180,21 @@ class MatrixMechanism(Mechanism):
         on_unconverged: str = "warn",
         complete: bool | None = None,
         identity_fallback: bool | None = None,
+        objective: str = "sum",
+        targets: Any = None,
     ) -> None:
+        if objective not in OBJECTIVES:
+            raise ValueError(f"{self.short_name}: objective must be one of {OBJECTIVES}, got {objective!r}")
+        if objective == "max" and strategy != "optimal":
+            raise ValueError(f"{self.short_name}: objective='max' applies to the convex optimum (mm-optimal) only")
+        if targets is not None and objective != "max":
+            raise ValueError(f"{self.short_name}: per-query targets apply to objective='max' only")
+        if targets is not None:
+            t = np.asarray(targets, dtype=float)
+            if t.ndim > 1 or t.size == 0 or not np.all(np.isfinite(t)) or np.any(t <= 0):
+                raise ValueError(f"{self.short_name}: targets must be one number or one per query, all > 0 and finite")
+        self.objective = objective
+        self.targets = targets
         if isinstance(strategy, str):
             if strategy not in STRATEGY_KINDS:
                 raise ValueError(f"{self.short_name}: strategy must be one of {STRATEGY_KINDS}, got {strategy!r}")
@@ -217,6 +233,8 @@ class MatrixMechanism(Mechanism):
     def _select(self, workload: Workload, privacy: Privacy) -> Selection:
         if isinstance(self.strategy, Strategy):
             return Selection(self.strategy, solver="given", status="given", message="strategy given by the caller")
+        if self.objective == "max":
+            return self._select_minimax(workload, privacy)
         G_full = workload.gram()
         d = np.diag(G_full)
         if not d.max() > 0:
@@ -274,8 +292,40 @@ class MatrixMechanism(Mechanism):
             extra=extra,
         )
 
+    def _select_minimax(self, workload: Workload, privacy: Privacy) -> Selection:
+        """The certified minimax strategy: least max_i Var(q_i) / c_i over diag(X) <= 1 (`solve_minimax`)."""
+        from dpopt.solvers.minimax import solve_minimax
+
+        targets = 1.0 if self.targets is None else np.asarray(self.targets, dtype=float)
+        if np.ndim(targets) == 1 and targets.shape != (workload.m,):
+            raise MechanismError(f"{self.short_name}: {targets.size} targets for {workload.m} queries")
+        try:
+            result = solve_minimax(workload, targets, **self.solver_options)
+        except ValueError as exc:
+            raise MechanismError(f"{self.short_name}: solve_minimax cannot handle workload {workload.name}: {exc}") from None
+        status, message = solver_status(result, self.short_name, self.on_unconverged)
+        A, used = factor_gram(np.asarray(result.x, dtype=float), self.factor, privacy)
+        chosen = Strategy(A, name="minimax")
+        eps_dp_errors: dict[str, float] = {}
+        if privacy.is_pure:
+            status = f"{status} (L2 objective, not optimised for eps-DP)"
+            if self.identity_fallback:
+                chosen, status, message, eps_dp_errors = self._better_than_identity(
+                    chosen, workload, privacy, status, message, objective="max", targets=targets
+                )
+        return Selection(
+            chosen, solver="solve_minimax", status=status, iterations=int(result.nit), gap=result.gap,
+            message=message,
+            extra={"objective": "max", "factor": used, "kind": "optimal", "inference": self.inference,
+                   # certified lower bound on max_i Var_i / c_i at sens2 = 1 and unit noise
+                   "unit_lower_bound": None if result.dual_bound is None else float(result.dual_bound),
+                   "solver_wall_seconds": float(result.wall_seconds),
+                   "eps_dp_candidate_errors": eps_dp_errors, "returned": chosen.name},
+        )
+
     def _better_than_identity(
-        self, selected: Strategy, workload: Workload, privacy: Privacy, status: str, message: str
+        self, selected: Strategy, workload: Workload, privacy: Privacy, status: str, message: str,
+        objective: str = "sum", targets: Any = 1.0,
     ) -> tuple[Strategy, str, str, dict[str, float]]:
         """Under eps-DP, the selected strategy or a baseline (identity, the workload itself, hierarchical,
         wavelet), whichever has the smallest exact error.
@@ -284,15 +334,20 @@ class MatrixMechanism(Mechanism):
         strategy's error is never above a baseline's. Ties keep the selected strategy. A selected strategy
         that does not support the workload is left to `fit`, which refuses it.
         """
+        def error(s: Strategy) -> float:
+            """The objective compared: total error, or max_i Var(q_i) / c_i for objective 'max'."""
+            rep = expected_error(s, workload, privacy, rtol=self.support_rtol)
+            return float(rep.total) if objective == "sum" else float(np.max(rep.per_query / targets))
+
         try:
-            e_sel = expected_error(selected, workload, privacy, rtol=self.support_rtol).total
+            e_sel = error(selected)
         except StrategyError:
             return selected, status, message, {}
         errors = {str(self.strategy): float(e_sel)}
         best_name, best, best_err = str(self.strategy), selected, float(e_sel)
         for name, cand in _eps_dp_baselines(workload).items():
             try:
-                e = float(expected_error(cand, workload, privacy, rtol=self.support_rtol).total)
+                e = error(cand)
             except StrategyError:
                 continue
             errors[name] = e
