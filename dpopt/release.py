@@ -78,6 +78,7 @@ __all__ = [
     "LedgerCorruptError",
     "require_opendp",
     "certified_gaussian_sigma",
+    "least_certified_epsilon",
     "gaussian_delta",
     "zcdp_to_dp_epsilon",
     "zcdp_budget",
@@ -245,6 +246,20 @@ def _certified_gaussian_sigma(sens2: float, epsilon: float, delta: float) -> flo
         else:
             lo = mid
     return hi
+
+
+def least_certified_epsilon(sigma: float, sens2: float, delta: float) -> float:
+    """The least epsilon at which a release (at this delta) draws Gaussian noise of at most `sigma`.
+
+    OpenDP's certified epsilon for its Gaussian measurement at sigma (1 - 2 SIGMA_RTOL): at that epsilon
+    `certified_gaussian_sigma` returns at most sigma (its search overshoots by SIGMA_RTOL at most), and at
+    any smaller epsilon OpenDP certifies no sigma that small (its epsilon decreases as sigma grows).
+    """
+    sigma = _check_scale(sigma, "Gaussian sigma")
+    sens2 = _check_scale(sens2, "L2 sensitivity")
+    if not 0 < delta < 1:
+        raise ValueError(f"delta must lie in (0, 1), got {delta}")
+    return float(_gaussian_certificate(sigma * (1.0 - 2.0 * SIGMA_RTOL), sens2, float(delta))[2])
 
 
 # -- privacy arithmetic ---------------------------------------------------------------------------

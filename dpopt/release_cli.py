@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from dpopt.data import Attribute, Categorical, Domain, IntegerRange, NumericBins, records
@@ -132,8 +133,9 @@ def add_answer_parser(subparsers: Any) -> argparse.ArgumentParser:
                         f"{DEFAULT_FAIR_DOMAIN}")
     p.add_argument("--workload", metavar="SPEC", default="marginals:1",
                    help="queries to answer (see below); default: marginals:1")
-    p.add_argument("--epsilon", metavar="E", type=float, required=True,
-                   help="privacy parameter epsilon > 0 of this release")
+    p.add_argument("--epsilon", metavar="E", type=float, default=None,
+                   help="privacy parameter epsilon > 0 of this release (required unless --target-std "
+                        "asks for the epsilon needed)")
     p.add_argument("--delta", metavar="D", type=float, default=0.0,
                    help="privacy parameter delta in [0, 1); 0 (default) means Laplace noise")
     p.add_argument("--calibration", choices=("classic", "analytic"), default="analytic",
@@ -158,6 +160,13 @@ def add_answer_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "keeps its own")
     p.add_argument("--quiet", action="store_true",
                    help="no progress messages on stderr (the not-tracked warning stays)")
+    p.add_argument("--target-std", metavar="S|FILE.csv", default=None,
+                   help="accuracy every answer must have: one standard deviation S for all queries, or a "
+                        "CSV with a target_std column (one row per query, in workload order, or matched by "
+                        "a query column). Selects the minimax strategy (mm-optimal, objective max; needs "
+                        "--delta > 0). Without --epsilon: prints the least epsilon at which a release "
+                        "meets every target and releases nothing; with --epsilon: releases if every target "
+                        "is met at that budget, else refuses and says which query misses by how much")
     p.set_defaults(func=answer_command)
     return p
 
@@ -248,6 +257,74 @@ def _load_rows(args: argparse.Namespace) -> tuple[Any, Domain]:
 NOISE_ESTIMATE_ROWS = 100_000
 
 
+def _target_variances(args: argparse.Namespace, workload: Any) -> np.ndarray:
+    """Per-query target variances S_i^2 (m,) from --target-std (a number, or a CSV column target_std)."""
+    text = args.target_std
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is not None:
+        if not (math.isfinite(value) and value > 0):
+            raise CliError(f"--target-std must be a standard deviation > 0, got {text!r}")
+        return np.full(workload.m, value**2)
+    if not Path(text).is_file():
+        raise CliError(f"--target-std {text!r} is neither a number nor a CSV file")
+    df = pd.read_csv(text)
+    if "target_std" not in df:
+        raise CliError(f"{text}: expected a column target_std, found {list(df.columns)}")
+    if "query" in df:
+        labels = workload.row_labels()
+        table = dict(zip(df["query"].astype(str), df["target_std"], strict=True))
+        missing = [q for q in labels if q not in table]
+        if missing:
+            raise CliError(f"{text}: no target_std for query {missing[0]!r} (and {len(missing) - 1} more)")
+        std = np.array([table[q] for q in labels], dtype=float)
+    else:
+        std = df["target_std"].to_numpy(dtype=float)
+        if std.size != workload.m:
+            raise CliError(f"{text}: {std.size} targets for {workload.m} queries (add a query column to match by label)")
+    if not np.all(np.isfinite(std)) or np.any(std <= 0):
+        raise CliError(f"{text}: every target_std must be a number > 0")
+    return std**2
+
+
+def _fitness_for_use(args: argparse.Namespace, workload: Any, privacy: Any) -> tuple[Any, float | None]:
+    """--target-std: the minimax strategy for the targets, and the least epsilon meeting every target.
+
+    Returns (fitted mechanism, None) when --epsilon meets every target, (None, epsilon needed) without
+    --epsilon; refuses (CliError) when --epsilon is too small, naming the query that misses most.
+    """
+    from dpopt.mechanisms import make_mechanism
+    from dpopt.release import certified_gaussian_sigma, least_certified_epsilon
+
+    if privacy.is_pure:
+        raise CliError("--target-std needs --delta > 0: the minimax strategy is calibrated with Gaussian noise")
+    if args.mechanism not in ("identity", "mm-optimal"):
+        raise CliError(f"--target-std selects the minimax strategy (mm-optimal, objective max); it cannot "
+                       f"be combined with --mechanism {args.mechanism}")
+    target = _target_variances(args, workload)
+    mech = make_mechanism("mm-optimal", objective="max", targets=target).fit(workload, privacy)
+    unit = np.asarray(mech.query_unit_variances(), dtype=float)
+    sens2 = float(mech.strategy_.sens2)
+    sigma_max = float(np.min(np.sqrt(target / unit)))  # Var_i = sigma^2 unit_i <= S_i^2 for every query
+    needed = least_certified_epsilon(sigma_max, sens2, privacy.delta)
+    _say(args, f"minimax strategy: status {mech.fit_info_.status} (certified gap {mech.fit_info_.gap:.2g}); "
+               f"every target is met at eps >= {needed:.6g} (delta={privacy.delta:g}, OpenDP's certified sigma)")
+    if args.epsilon is None:
+        return None, needed
+    sigma = certified_gaussian_sigma(sens2, args.epsilon, privacy.delta)
+    std = sigma * np.sqrt(unit)
+    worst = int(np.argmax(std**2 / target))
+    if std[worst] ** 2 > target[worst]:
+        label = workload.row_labels()[worst]
+        raise CliError(f"the targets cannot be met at eps={args.epsilon:g}, delta={privacy.delta:g}: query "
+                       f"{label!r} would have std {std[worst]:.6g} > its target {math.sqrt(target[worst]):.6g} "
+                       f"({std[worst] / math.sqrt(target[worst]) - 1:.2%} over); the least epsilon meeting "
+                       f"every target is {needed:.6g}; nothing released")
+    return mech, None
+
+
 def answer_command(args: argparse.Namespace) -> int:
     """Run `dpopt answer`; returns the exit status (0 ok, 2 bad input, 3 budget, 4 no OpenDP)."""
     from dpopt.mechanisms import make_mechanism
@@ -261,16 +338,27 @@ def answer_command(args: argparse.Namespace) -> int:
     )
 
     try:
-        privacy = Privacy(args.epsilon, args.delta, calibration=args.calibration)
+        if args.epsilon is None and args.target_std is None:
+            raise CliError("--epsilon is required (or --target-std, to ask for the epsilon needed)")
+        privacy = Privacy(1.0 if args.epsilon is None else args.epsilon, args.delta, calibration=args.calibration)
         mech = make_mechanism(args.mechanism)
         require_opendp()  # fail before the (possibly long) fit, not after it
-        _check_ledger_early(args)
+        if args.epsilon is not None:
+            _check_ledger_early(args)
         x, dom = _load_rows(args)
         workload = parse_workload(args.workload, dom)
         m, n = workload.shape
-        _say(args, f"fitting {args.mechanism} on {m} queries x {n} cells ...")
         t0 = time.perf_counter()
-        mech.fit(workload, privacy)
+        if args.target_std is not None:
+            _say(args, f"fitting the minimax strategy for the targets on {m} queries x {n} cells ...")
+            fitted, needed = _fitness_for_use(args, workload, privacy)
+            if fitted is None:
+                print(f"epsilon needed: {needed!r} (delta={args.delta!r}); nothing released", flush=True)
+                return EXIT_OK
+            mech = fitted
+        else:
+            _say(args, f"fitting {args.mechanism} on {m} queries x {n} cells ...")
+            mech.fit(workload, privacy)
         info = getattr(mech, "fit_info_", None)
         status = f", {info.status}" if info is not None else ""
         _say(args, f"fitted in {time.perf_counter() - t0:.2f} s{status}")
