@@ -13,21 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from dpopt import queries as q
 from dpopt.data import Attribute, Domain, IntegerRange, NumericBins
-from dpopt.queries import (
-    And,
-    Between,
-    Condition,
-    Equals,
-    In,
-    identity_workload,
-    marginal_workload,
-    marginals_workload,
-    predicate_workload,
-    range_workload,
-    stack_workloads,
-    total_workload,
-)
+from dpopt.queries import And, Between, Condition, Equals, In
 from dpopt.workloads import (
     AllPredicate,
     AllRange,
@@ -325,24 +313,24 @@ def _domain_workload(spec: str, domain: Domain) -> Workload:
         kind, _, arg = part.partition(":")
         kind = kind.strip()
         if kind == "total":
-            pieces.append(total_workload(domain))
+            pieces.append(q.total_workload(domain))
         elif kind == "identity":
-            pieces.append(identity_workload(domain))
+            pieces.append(q.identity_workload(domain))
         elif kind == "marginal":
-            pieces.append(marginal_workload(domain, split_names(arg)))
+            pieces.append(q.marginal_workload(domain, split_names(arg)))
         elif kind == "marginals":
             try:
                 k = int(arg)
             except ValueError:
                 raise SpecError(f"marginals:K needs an integer K, got {arg!r}") from None
-            pieces.append(marginals_workload(domain, k))
+            pieces.append(q.marginals_workload(domain, k))
         elif kind == "range":
-            pieces.append(range_workload(domain, arg.strip()))
+            pieces.append(q.range_workload(domain, arg.strip()))
         elif kind == "predicate":
-            pieces.append(predicate_workload(domain, [_condition(domain, arg)]))
+            pieces.append(q.predicate_workload(domain, [_condition(domain, arg)]))
         else:
             raise SpecError(f"workload part {part!r}: expected total, identity, marginal:COLS, "
                            "marginals:K, range:COL or predicate:COND")
     if not pieces:
         raise SpecError(f"workload spec {spec!r} is empty")
-    return pieces[0] if len(pieces) == 1 else stack_workloads(pieces, name=spec)
+    return pieces[0] if len(pieces) == 1 else q.stack_workloads(pieces, name=spec)
