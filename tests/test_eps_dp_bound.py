@@ -50,7 +50,7 @@ def test_random_strategies_never_beat_the_bound() -> None:
     bound = 2 * certified_l2_bound(W)[0]
     rng = np.random.default_rng(0)
     for _ in range(200):
-        A = rng.exponential(size=(rng.integers(16, 40), 16)) * (rng.random((1, 16)) < 0.9 + 0.1)
+        A = rng.exponential(size=(rng.integers(16, 40), 16))
         err = 2 * np.abs(A).sum(axis=0).max() ** 2 * np.trace(np.linalg.solve(A.T @ A, G))
         assert err >= bound
 
