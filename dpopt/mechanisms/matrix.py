@@ -69,6 +69,11 @@ _HAND_SOLVERS = {
 _CVXPY_MODELS = {"eigen": "eigen_design", "optimal": "mm_approx", "appendix-b": "appendix_b"}
 # A cell is unmeasured when its column of W has squared norm below this fraction of the largest.
 ZERO_COLUMN_RTOL = 1e-14
+# Under eps-DP a baseline replaces the selected strategy only when its exact error is lower by more than
+# this fraction: two evaluations of one error (the selected strategy is often a baseline itself, e.g. the
+# workload's own rows) differ by the round-off of a trace of n-term sums, far below 1e-12 at dense sizes,
+# so a tie is never decided by the BLAS kernel's summation order.
+TIE_RTOL = 1e-12
 # Completion skips a cell whose unused L2 sensitivity 1 - X_jj is at most this. The eigen solver stops
 # at a relative gap of 1e-8, so diag(X) falls short of 1 by that order where the optimum has it equal
 # to 1 (marginals). Completing such a cell adds a direction at eigenvalue c ~ 1e-9 next to W's null
@@ -328,7 +333,7 @@ class MatrixMechanism(Mechanism):
         objective: str = "sum", targets: Any = 1.0,
     ) -> tuple[Strategy, str, str, dict[str, float]]:
         """Under eps-DP, the selected strategy or a baseline (identity, the workload itself, hierarchical,
-        wavelet), whichever has the smallest exact error.
+        wavelet), whichever has the smallest exact error (a tie within TIE_RTOL keeps the selected one).
 
         All errors come from `dpopt.error.expected_error`, the function `fit` reports, so the returned
         strategy's error is never above a baseline's. Ties keep the selected strategy. A selected strategy
@@ -351,7 +356,7 @@ class MatrixMechanism(Mechanism):
             except StrategyError:
                 continue
             errors[name] = e
-            if e < best_err:
+            if e < best_err * (1.0 - TIE_RTOL):
                 best_name, best, best_err = name, cand, e
         if best is not selected:
             status = f"{status}; {best_name} returned: lower eps-DP error"
