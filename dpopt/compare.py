@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -28,7 +29,7 @@ from dpopt.mechanisms.registry import (
 )
 from dpopt.privacy import Privacy
 from dpopt.strategy import StrategyError
-from dpopt.workloads import Workload, WorkloadTooLargeError
+from dpopt.workloads import MAX_DENSE_ENTRIES, Workload, WorkloadTooLargeError
 
 COLUMNS = [
     "mechanism",
@@ -119,14 +120,23 @@ def eigh_seconds(n: int, rng: np.random.Generator | None = None) -> float:
     return best * (n / k) ** 3
 
 
-def estimated_fixed_seconds(name: str, workload: Workload, unit: float) -> float | None:
+def estimated_fixed_seconds(name: str, workload: Workload, privacy: Privacy,
+                            eigh: Callable[[int], float] = eigh_seconds) -> float | None:
     """Seconds a budgeted fit of `name` spends beyond the reach of its time limit, or None when unknown.
 
-    unit: `eigh_seconds(workload.n)`. The matrix mechanisms' costs are FIXED_COST_EIGHS eigendecompositions;
-    LRM checks its own (it needs one SVD of W first), the other mechanisms have no iterations to cut.
+    eigh(n): seconds of one n x n eigendecomposition (`eigh_seconds`). The matrix mechanisms' costs are
+    FIXED_COST_EIGHS eigendecompositions of every problem they solve (the whole domain, or each factor
+    of a Kronecker workload they select over per factor); LRM checks its own (it needs one SVD of W
+    first), the other mechanisms have no iterations to cut.
     """
     eighs = FIXED_COST_EIGHS.get(name)
-    return None if eighs is None else eighs * unit
+    if eighs is None:
+        return None
+    kron, _ = make_mechanism(name).factor_plan(workload, privacy)
+    if kron is None and workload.n**2 > MAX_DENSE_ENTRIES:
+        return None  # the fit refuses at once, saying why
+    sizes = [workload.n] if kron is None else [f.n for f in kron.factors]
+    return eighs * sum(eigh(n) for n in sizes)
 
 
 class _Progress:
@@ -231,10 +241,10 @@ def max_query_std(mech: Any) -> float:
 
 
 def _fit_row(name: str, workload: Workload, privacy: Privacy, time_limit: float | None,
-             unit: float | None, progress: _Progress | None, objective: str = "sum") -> dict[str, Any]:
+             eigh: Callable[[int], float], progress: _Progress | None, objective: str = "sum") -> dict[str, Any]:
     """One mechanism's record, or a 'skipped: why' row."""
-    if time_limit is not None and unit is not None:
-        est = estimated_fixed_seconds(name, workload, unit)
+    if time_limit is not None:
+        est = estimated_fixed_seconds(name, workload, privacy, eigh)
         if est is not None and est > time_limit:
             if progress is not None:
                 progress.note(f"skipping {name} on {workload.name}: estimated {about_seconds(est)} s")
@@ -359,11 +369,9 @@ def compare(
     rows: list[dict[str, Any]] = []
     try:
         tightest = eps_dp_bound(workload, privacy, time_limit, display)
-        unit = None
-        if time_limit is not None and any(n in FIXED_COST_EIGHS for n in names):
-            unit = eigh_seconds(workload.n)
+        eigh = functools.cache(eigh_seconds)  # probed once per size, and only when an estimate needs it
         for name in names:
-            row = _fit_row(name, workload, privacy, time_limit, unit, display, objective)
+            row = _fit_row(name, workload, privacy, time_limit, eigh, display, objective)
             row["release_total_error"] = release_total_error(row, privacy)
             _use_bound(row, tightest)
             if problem is not None:

@@ -7,43 +7,26 @@ expected_error / record with the same keys) and computes everything through the 
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any, ClassVar
 
 import numpy as np
 
-from dpopt.data import Records, data_vector, marginal_tables
-from dpopt.error import ErrorReport
-from dpopt.implicit.marginal_algebra import residual_rank
-from dpopt.implicit.marginal_strategy import MarginalStrategy
 from dpopt.implicit.optimize import ImplicitSelection, select_strategy
-from dpopt.implicit.strategy import KronStrategy
 from dpopt.implicit.union_strategy import UnionKronStrategy
 from dpopt.implicit.workloads import (
     ImplicitWorkload,
     KronWorkload,
-    MarginalsWorkload,
     UnionWorkload,
     as_implicit,
 )
 from dpopt.mechanisms.base import FitInfo, Mechanism, MechanismError, Selection, current_budget
-from dpopt.privacy import Perturb, Privacy, research_perturb
+from dpopt.privacy import Privacy
 from dpopt.solvers.result import TIME_LIMIT
-from dpopt.validation import check_finite_vector
 from dpopt.workloads import Workload
 
 # Largest domain on which hdmm also selects over all cells as one factor (see _one_factor_if_better).
 ONE_FACTOR_MAX_CELLS = 1024
-
-
-def _rank(strategy: KronStrategy | MarginalStrategy | UnionKronStrategy) -> int:
-    if isinstance(strategy, UnionKronStrategy):
-        # sum of the parts' ranks, capped at n: an upper bound (the exact rank of the stack needs its Gram)
-        return min(sum(_rank(p) for p in strategy.parts), math.prod(strategy.domain_sizes))
-    if isinstance(strategy, KronStrategy):
-        return math.prod(int(np.count_nonzero(lam)) for lam, _ in strategy._factor_eigs)
-    return sum(residual_rank(strategy.domain_sizes, A) for A, v in strategy._x.items() if v > 0)
 
 
 def _fit_status(status: str) -> str:
@@ -141,53 +124,9 @@ class HDMMMechanism(Mechanism):
             return one, alt
         return w, sel
 
-    def answer(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        """Research mode: noisy answers to every workload query, through the factors (m,)."""
-        self._check_fitted()
-        if not isinstance(rng, np.random.Generator):
-            raise MechanismError(f"{self.short_name}: rng must be a numpy.random.Generator (research mode)")
-        return self.answers_with(check_finite_vector(x, "data vector x", self.workload_.n),
-                                 research_perturb(self.privacy_, rng))
-
-    def answers_with(self, x: np.ndarray | Records, perturb: Perturb) -> np.ndarray:
-        """Answers to every workload query (m,) from the data (vector x or Records), noise drawn by `perturb`.
-
-        A x is measured through the strategy's structure (Kronecker matvecs, or marginal tables counted
-        from the records or summed from x), never through a dense A; the reconstruction is least
-        squares through the factors. From Records, a Kronecker strategy counts only the marginal over
-        the attributes it does not sum out; a union of parts forms the data vector.
-        """
-        self._check_fitted()
-        w = self.workload_
-        s = self.strategy_
-        if isinstance(s, KronStrategy):
-            return s.answer(x if isinstance(x, Records) else data_vector(x, w.n), self.privacy_, workload=w,
-                            perturb=perturb)
-        if isinstance(s, UnionKronStrategy):
-            return s.answer(data_vector(x, w.n), self.privacy_, None, w, perturb=perturb)  # type: ignore[arg-type]
-        assert isinstance(w, MarginalsWorkload) and isinstance(s, MarginalStrategy)
-        out = s.release(marginal_tables(x, w.domain_sizes), w, self.privacy_, perturb=perturb)
-        return np.concatenate([wt * t.ravel() for wt, t in zip(w.weights, out, strict=True)])
-
-    def query_unit_variances(self) -> np.ndarray:
-        """Variance of each workload query's answer per unit noise variance (m,), through the factors."""
-        self._check_fitted()
-        return self.strategy_.query_unit_variances(self.workload_)  # type: ignore[arg-type]
-
-    def expected_error(self, workload: Workload | np.ndarray | None = None) -> ErrorReport:
-        """Exact expected error of the fitted strategy on `workload` (default: the fitted workload)."""
-        self._check_fitted()
-        w = self.workload_ if workload is None else as_implicit(workload)
-        if isinstance(self.strategy_, MarginalStrategy) and not isinstance(w, MarginalsWorkload):
-            raise MechanismError(f"{self.short_name}: a marginal strategy answers marginal workloads only")
-        return self.strategy_.expected_error(w, self.privacy_)  # type: ignore[arg-type]
-
     def _comparison_bound(self) -> float:
         """P * SVDB like every other mechanism; the selection's certified bound is reported beside it."""
         return self.privacy_.variance_factor * self.workload_.error_lower_bound()[0]
-
-    def _strategy_rank(self) -> int:
-        return _rank(self.strategy_)
 
     def record(self) -> dict[str, Any]:
         """The shared record keys, computed through the factors, plus the certified bound."""

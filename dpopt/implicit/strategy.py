@@ -58,17 +58,30 @@ def _constant_row(M: np.ndarray | sp.spmatrix) -> float | None:
     return float(row[0]) if np.all(row == row[0]) else None
 
 
+def _is_identity(B: np.ndarray | sp.spmatrix) -> bool:
+    """True when B is a square identity matrix."""
+    if B.shape[0] != B.shape[1]:
+        return False
+    D = sp.csr_matrix(B) - sp.identity(B.shape[0], format="csr")
+    return D.count_nonzero() == 0
+
+
 class KronStrategy:
     """A = A_1 (x) ... (x) A_d with least-squares reconstruction B = W A^+ through the factors."""
 
     def __init__(self, factors: Sequence[np.ndarray | sp.spmatrix | Strategy], name: str = "kron") -> None:
+        """factors: matrices, or Strategy objects without B (least squares), or all with B = I: then the
+        answers are the measurements themselves (noise on queries, A = W) and `direct` is True."""
         if len(factors) == 0:
             raise ValueError("KronStrategy needs at least one factor")
         mats = []
+        direct = [isinstance(f, Strategy) and f.B is not None for f in factors]
+        if any(direct) and not all(direct):
+            raise ValueError("either every factor answers its measurements directly (B = I) or none does")
         for i, f in enumerate(factors):
             if isinstance(f, Strategy):
-                if f.B is not None:
-                    raise ValueError(f"factor {i} carries an explicit B; expected a matrix-mechanism strategy")
+                if f.B is not None and not _is_identity(f.B):
+                    raise ValueError(f"factor {i} carries a B other than I; expected a matrix-mechanism strategy")
                 f = f.A
             M = sp.csr_matrix(f, dtype=float) if sp.issparse(f) else np.asarray(f, dtype=float)
             if M.ndim != 2 or M.shape[0] == 0 or M.shape[1] == 0:
@@ -80,6 +93,7 @@ class KronStrategy:
         self.factors = mats
         self.domain_sizes = tuple(int(M.shape[1]) for M in mats)
         self.name = name
+        self.direct = all(direct)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -150,11 +164,23 @@ class KronStrategy:
                 f"{workload.domain_sizes}; expected the same product domain"
             )
 
+    def _check_measures(self, workload: ImplicitWorkload) -> None:
+        """A strategy that answers with its measurements (B = I) supports exactly the workload it measures."""
+        same = isinstance(workload, KronWorkload) and all(
+            f.shape == M.shape and abs(sp.csr_matrix(f.sparse()) - sp.csr_matrix(M)).sum() == 0
+            for f, M in zip(workload.factors, self.factors, strict=True))
+        if not same:
+            raise StrategyError(f"strategy {self.name} answers its own measurements (B = I); workload "
+                                f"{workload.name} is not the Kronecker product it measures")
+
     # -- error -----------------------------------------------------------------------------------
     def unit_error(self, workload: Workload) -> float:
         """||W A^+||_F^2 = sum_k a_k prod_i trace(G_ki X_i^+) (per unit noise variance and sensitivity)."""
         w = as_implicit(workload)
         self._check_domain(w)
+        if self.direct:
+            self._check_measures(w)
+            return float(w.m)  # B = I: ||B||_F^2 = m
         Xp = self.factor_pinvs
         return float(
             sum(
@@ -171,6 +197,9 @@ class KronStrategy:
         """
         w = as_implicit(workload)
         self._check_domain(w)
+        if self.direct:
+            self._check_measures(w)
+            return 0.0
         res = total = 0.0
         for a, Gs in w.kron_terms():
             t = np.array([float(np.trace(G)) for G in Gs])
@@ -230,6 +259,8 @@ class KronStrategy:
 
     def estimate(self, y: np.ndarray) -> np.ndarray:
         """Least-squares data estimate x_hat = A^+ y = ((x)_i A_i^+) y (n,)."""
+        if self.direct:
+            raise StrategyError(f"strategy {self.name} answers its measurements directly; it estimates no data vector")
         return kron_matvec(self._pinv_factors, y)
 
     def answer(
@@ -243,6 +274,9 @@ class KronStrategy:
             return self.estimate(y)
         w = as_implicit(workload)
         self._check_domain(w)
+        if self.direct:
+            self._check_measures(w)
+            return y
         if isinstance(w, MarginalsWorkload):
             w = w.as_union()
         terms = [(1.0, w)] if isinstance(w, KronWorkload) else list(zip(w.weights, w.parts, strict=True))  # type: ignore[attr-defined]
@@ -260,6 +294,9 @@ class KronStrategy:
         """
         w = as_implicit(workload)
         self._check_domain(w)
+        if self.direct:
+            self._check_measures(w)
+            return np.ones(int(w.m))
         parts = getattr(w, "parts", None)
         if parts is None:
             parts, weights = [w], [1.0]

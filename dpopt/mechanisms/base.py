@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import inspect
@@ -18,13 +19,21 @@ from typing import Any, ClassVar
 import numpy as np
 
 from dpopt.bounds import svd_bound
-from dpopt.data import Records, data_vector
+from dpopt.data import Records, data_vector, marginal_tables
 from dpopt.error import ErrorReport, _row_sq_norms, answers_through, expected_error, noisy_answers
-from dpopt.privacy import Perturb, Privacy
+from dpopt.implicit.marginal_algebra import residual_rank
+from dpopt.implicit.marginal_strategy import MarginalStrategy
+from dpopt.implicit.strategy import KronStrategy
+from dpopt.implicit.union_strategy import UnionKronStrategy
+from dpopt.implicit.workloads import KronWorkload, MarginalsWorkload, as_implicit
+from dpopt.privacy import Perturb, Privacy, research_perturb
 from dpopt.solvers.result import MIN_SOLVER_SECONDS
-from dpopt.strategy import Strategy
+from dpopt.strategy import Strategy, StrategyError
 from dpopt.validation import check_finite_vector
-from dpopt.workloads import MAX_DENSE_ENTRIES, Workload, as_workload
+from dpopt.workloads import MAX_DENSE_ENTRIES, Kron, Workload, as_workload
+
+# A strategy held through its factors: a Kronecker product, a union of Kronecker products, or marginals.
+FactoredStrategy = KronStrategy | UnionKronStrategy | MarginalStrategy
 
 
 class MechanismError(ValueError):
@@ -202,6 +211,38 @@ def _selection_key(mech: Mechanism, workload: Workload, privacy: Privacy) -> tup
             _fingerprint(np.asarray(entries, dtype=float)), privacy.is_pure, privacy.norm)
 
 
+def kronecker_factors(workload: Workload) -> KronWorkload | None:
+    """The workload as a Kronecker product of two or more 1-D factors, or None when it is not one."""
+    if isinstance(workload, KronWorkload):
+        return workload if len(workload.factors) > 1 else None
+    if isinstance(workload, Kron) and len(workload.factors) > 1:
+        try:
+            return KronWorkload(workload.factors, name=workload.name)
+        except ValueError:  # a factor with a scaled Gram (AllPredicate) has no factor form here
+            return None
+    return None
+
+
+def factored_rank(strategy: FactoredStrategy) -> int:
+    """Rank of a factored strategy: exact for Kronecker and marginal forms; for a union, the parts' sum capped at n."""
+    if isinstance(strategy, UnionKronStrategy):
+        return min(sum(factored_rank(p) for p in strategy.parts), math.prod(strategy.domain_sizes))
+    if isinstance(strategy, KronStrategy):
+        return math.prod(int(np.count_nonzero(lam)) for lam, _ in strategy._factor_eigs)
+    return sum(residual_rank(strategy.domain_sizes, A) for A, v in strategy._x.items() if v > 0)
+
+
+def combined_factor_gap(gaps: list[float | None]) -> float | None:
+    """Certified relative gap of a product of per-factor optima: 1 - prod_i (1 - gap_i), None if one is unknown.
+
+    With primal values p_i and dual bounds l_i = p_i (1 - gap_i), the product strategy's value is prod p_i
+    and prod l_i is a lower bound on the product problem (see `Mechanism._fit_per_factor`).
+    """
+    if any(g is None for g in gaps):
+        return None
+    return 1.0 - math.prod(1.0 - float(g) for g in gaps)  # type: ignore[arg-type]
+
+
 class Mechanism(ABC):
     """Base class: parameters in __init__, selection in fit, learned state in attributes ending in '_'."""
 
@@ -253,10 +294,15 @@ class Mechanism(ABC):
         workload = as_workload(workload)
         if not isinstance(privacy, Privacy):
             raise MechanismError(f"{self.short_name}: privacy must be a dpopt.privacy.Privacy")
+        kron, separable = self.factor_plan(workload, privacy)
+        if kron is not None:
+            return self._fit_per_factor(kron, workload, privacy, separable=separable)
         if workload.n**2 > MAX_DENSE_ENTRIES:
+            form = ("a Kronecker workload, but this mechanism has no Kronecker form"
+                    if kronecker_factors(workload) is not None else "not a single Kronecker product")
             raise MechanismError(
-                f"{self.short_name}: {workload.n:.3g} cells are too many for a dense strategy; "
-                "use the implicit mechanism 'hdmm'"
+                f"{self.short_name}: {workload.n:.3g} cells are too many for a dense strategy ({workload.name} is "
+                f"{form}); use the factored mechanism 'hdmm'"
             )
         sel, wall, cpu = self._timed_select(workload, privacy)
         strategy = sel.strategy
@@ -285,6 +331,84 @@ class Mechanism(ABC):
             gap=sel.gap,
             message=sel.message,
             extra=sel.extra,
+        )
+        return self
+
+    def kronecker_policy(self, privacy: Privacy) -> str | None:
+        """How a Kronecker workload W_1 (x) ... (x) W_d is fitted: None, only as one dense matrix; "large",
+        per factor (`_fit_per_factor`) when the domain is too large for a dense strategy; "separable", always
+        per factor, because the mechanism's optimum on the product is the product of the factors' optima."""
+        return None
+
+    def factor_plan(self, workload: Workload, privacy: Privacy) -> tuple[KronWorkload | None, bool]:
+        """(the Kronecker factors `fit` selects over one at a time, or None for one selection over all cells;
+        whether the product of the factors' optima is the optimum), from `kronecker_policy`."""
+        kron = kronecker_factors(workload)
+        policy = None if kron is None else self.kronecker_policy(privacy)
+        if policy == "separable" or (policy == "large" and workload.n**2 > MAX_DENSE_ENTRIES):
+            return kron, policy == "separable"
+        return None, False
+
+    def _fit_per_factor(self, kron: KronWorkload, given: Workload, privacy: Privacy, separable: bool) -> Mechanism:
+        """Fit each factor W_i alone and measure A = A_1 (x) ... (x) A_d (seed 004 Sec. 5, Kronecker strategies).
+
+        Both sensitivities of a Kronecker product are the products of the factors' and
+        ||W A^+||_F^2 = prod_i ||W_i A_i^+||_F^2, so the error is computed through the factors. When
+        `separable`, the product problem's optimum is the product of the factors' optima: for the
+        (eps, delta) problem min trace(G X^+) over diag(X) <= 1 the dual function at d = (x)_i d_i,
+        (trace (D^1/2 G D^1/2)^1/2)^2 / sum(d), is the product of the factors' (square roots, traces and
+        sums of Kronecker products factor), and so are the primal values; the factors' certificates
+        therefore combine (`combined_factor_gap`). The time budget is shared out over the factors left.
+        """
+        budget = current_budget()
+        t0, c0 = time.perf_counter(), time.process_time()
+        subs: list[Mechanism] = []
+        for i, factor in enumerate(kron.factors):
+            share = None
+            if budget.time_limit is not None:
+                left = budget.time_limit - (time.perf_counter() - t0)
+                share = max(left / (len(kron.factors) - i), MIN_SOLVER_SECONDS)
+            sub = copy.copy(self)
+            sub.__dict__ = {k: v for k, v in self.__dict__.items() if not k.endswith("_") or k.startswith("_")}
+            with fit_budget(share, budget.progress):
+                sub._fit(factor, privacy)
+            subs.append(sub)
+        names = ",".join(s.strategy_.name for s in subs)
+        try:
+            strategy = KronStrategy([s.strategy_ for s in subs], name=f"kron({names})")
+        except ValueError as exc:
+            raise MechanismError(f"{self.short_name}: no Kronecker form of the factors' strategies: {exc}") from None
+        try:
+            err = strategy.expected_error(kron, privacy, rtol=self.support_rtol)
+        except StrategyError as exc:
+            raise MechanismError(f"{self.short_name}: the per-factor strategy is refused: {exc}") from None
+        infos = [s.fit_info_ for s in subs]
+        statuses = [i.status for i in infos]
+        status = statuses[0] if len(set(statuses)) == 1 else "; ".join(
+            f"factor {k}: {st}" for k, st in enumerate(statuses))
+        extra: dict[str, Any] = {"template": "Kronecker product of per-factor selections",
+                                 "factors": [i.extra for i in infos]}
+        lows = [i.extra.get("unit_lower_bound") for i in infos]
+        if separable and all(isinstance(v, float) for v in lows):
+            # in units of prod_i trace-Gram units, i.e. of kron.gram(): a lower bound on the product problem
+            extra["unit_lower_bound"] = math.prod(lows)  # type: ignore[arg-type]
+        self.workload_ = kron
+        self.input_workload_ = given  # as given (e.g. bound to a data Domain, with row labels), for release
+        self.privacy_ = privacy
+        self.strategy_ = strategy  # type: ignore[assignment]
+        self._reconstruction = None
+        self.expected_error_ = err
+        self.bound_ = privacy.variance_factor * kron.svd_bound()
+        self.fit_info_ = FitInfo(
+            solver=f"{infos[0].solver} per factor",
+            status=status,
+            iterations=sum(i.iterations for i in infos),
+            wall_seconds=time.perf_counter() - t0,
+            cpu_seconds=time.process_time() - c0,
+            gap=combined_factor_gap([i.gap for i in infos]) if separable else None,
+            message="; ".join(f"factor {k} ({f.name}): {i.message}" for k, (f, i) in
+                              enumerate(zip(kron.factors, infos, strict=True)) if i.message),
+            extra=extra,
         )
         return self
 
@@ -343,7 +467,13 @@ class Mechanism(ABC):
         if not isinstance(rng, np.random.Generator):
             raise MechanismError(f"{self.short_name}: rng must be a numpy.random.Generator (research mode)")
         x = check_finite_vector(x, "data vector x", self.workload_.n)
+        if self._factored():
+            return self.answers_with(x, research_perturb(self.privacy_, rng))
         return noisy_answers(self.strategy_, self.workload_, self.privacy_, x, rng, 1, B=self._B())[0]
+
+    def _factored(self) -> bool:
+        """True when the fitted strategy is held through its factors (Kronecker, union, marginal), not densely."""
+        return not isinstance(self.strategy_, Strategy)
 
     def _B(self) -> Any:
         """The reconstruction B (given, or W A^+), computed on first use and kept."""
@@ -354,17 +484,42 @@ class Mechanism(ABC):
     def answers_with(self, x: np.ndarray | Records, perturb: Perturb) -> np.ndarray:
         """Answers to every workload query (m,): B perturb(A x), the noise drawn by `perturb` (release mode)."""
         self._check_fitted()
+        if self._factored():
+            return self._factored_answers(x, perturb)
         x = data_vector(x, self.workload_.n)
         return answers_through(self.strategy_, self._B(), x, perturb, self.strategy_.sensitivity(self.privacy_.norm))
 
+    def _factored_answers(self, x: np.ndarray | Records, perturb: Perturb) -> np.ndarray:
+        """`answers_with` through the factors: A x by Kronecker matvecs or marginal tables (counted from
+        records, or summed from x), never a dense A; least-squares reconstruction through the factors. From
+        Records, a Kronecker strategy counts only the marginal over the attributes it does not sum out; a
+        union of parts forms the data vector."""
+        w, s = self.workload_, self.strategy_
+        if isinstance(s, KronStrategy):
+            return s.answer(x if isinstance(x, Records) else data_vector(x, w.n), self.privacy_, workload=w,
+                            perturb=perturb)
+        if isinstance(s, UnionKronStrategy):
+            return s.answer(data_vector(x, w.n), self.privacy_, None, w, perturb=perturb)  # type: ignore[arg-type]
+        assert isinstance(w, MarginalsWorkload) and isinstance(s, MarginalStrategy)
+        out = s.release(marginal_tables(x, w.domain_sizes), w, self.privacy_, perturb=perturb)
+        return np.concatenate([wt * t.ravel() for wt, t in zip(w.weights, out, strict=True)])
+
     def query_unit_variances(self) -> np.ndarray:
-        """Variance of each workload query's answer per unit noise variance: squared row norms of B (m,)."""
+        """Variance of each workload query's answer per unit noise variance (m,): squared row norms of B,
+        or through the factors for a factored strategy."""
         self._check_fitted()
+        if self._factored():
+            return self.strategy_.query_unit_variances(self.workload_)  # type: ignore[arg-type]
         return _row_sq_norms(self._B())
 
     def expected_error(self, workload: Workload | np.ndarray | None = None) -> ErrorReport:
         """Exact expected error of the fitted strategy on `workload` (default: the fitted workload)."""
         self._check_fitted()
+        if self._factored():
+            w: Workload = self.workload_ if workload is None else as_implicit(workload)
+            if isinstance(self.strategy_, MarginalStrategy) and not isinstance(w, MarginalsWorkload):
+                raise MechanismError(f"{self.short_name}: a marginal strategy answers marginal workloads only")
+            return self.strategy_.expected_error(w, self.privacy_)  # type: ignore[arg-type]
         w = self.workload_ if workload is None else as_workload(workload)
         return expected_error(self.strategy_, w, self.privacy_, rtol=self.support_rtol)
 
@@ -374,7 +529,7 @@ class Mechanism(ABC):
 
     def _strategy_rank(self) -> int:
         """Rank of the fitted strategy, for comparison records."""
-        return self.strategy_.rank
+        return factored_rank(self.strategy_) if self._factored() else self.strategy_.rank  # type: ignore[arg-type]
 
     def record(self) -> dict[str, Any]:
         """One flat record for comparison tables and JSON (keys documented in `dpopt compare --help`)."""

@@ -24,7 +24,15 @@ def _per_dimension(workload: Workload, make: Callable[[int], Strategy], name: st
     return make(workload.n)
 
 
-class LaplaceMechanism(Mechanism):
+class _KroneckerBaseline(Mechanism):
+    """A baseline whose strategy on W_1 (x) ... (x) W_d is the Kronecker product of its per-factor strategies."""
+
+    def kronecker_policy(self, privacy: Privacy) -> str | None:
+        """Per factor when the domain is too large for a dense strategy (the same strategy as the dense one)."""
+        return "large"
+
+
+class LaplaceMechanism(_KroneckerBaseline):
     """Noise on every query answer, A = W, B = I (seed 000's NOQ / M_R; Dwork et al. 2006)."""
 
     short_name = "laplace"
@@ -33,7 +41,7 @@ class LaplaceMechanism(Mechanism):
         return Selection(workload_strategy(workload))
 
 
-class IdentityMechanism(Mechanism):
+class IdentityMechanism(_KroneckerBaseline):
     """Noise on data, A = I, answers W (x + z) (seed 000's NOD / M_D)."""
 
     short_name = "identity"
@@ -42,7 +50,7 @@ class IdentityMechanism(Mechanism):
         return Selection(identity_strategy(workload.n))
 
 
-class HierarchicalMechanism(Mechanism):
+class HierarchicalMechanism(_KroneckerBaseline):
     """Hierarchical strategy with branching b, least-squares inference (Hay et al. 2010; seed 003)."""
 
     short_name = "hierarchical"
@@ -55,7 +63,7 @@ class HierarchicalMechanism(Mechanism):
         return Selection(_per_dimension(workload, lambda n: hierarchical_strategy(n, self.branching), name))
 
 
-class WaveletMechanism(Mechanism):
+class WaveletMechanism(_KroneckerBaseline):
     """Haar wavelet strategy, least-squares inference (Privelet, Xiao et al. 2010; seed 003)."""
 
     short_name = "wavelet"

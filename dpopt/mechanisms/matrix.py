@@ -234,6 +234,16 @@ class MatrixMechanism(Mechanism):
         # default: under eps-DP the convex (eps, delta) optimum competes with identity; the named designs do not
         self.identity_fallback = bool(strategy == "optimal" if identity_fallback is None else identity_fallback)
 
+    def kronecker_policy(self, privacy: Privacy) -> str | None:
+        """The convex optimum per factor always: on a Kronecker workload it is the product of the factors'
+        optima, for the sum (dual bounds multiply, see `Mechanism._fit_per_factor`) and for the max objective
+        without per-query targets (query variances and their maxima multiply); eigen-design
+        per factor when the domain is too large for it; Appendix B (minutes per factor of 256 cells), a given
+        strategy, NNLS or targets never."""
+        if self.strategy not in ("optimal", "eigen") or self.inference != "ls" or self.targets is not None:
+            return None
+        return "separable" if self.strategy == "optimal" else "large"
+
     # -- selection ---------------------------------------------------------------------------------
     def _select(self, workload: Workload, privacy: Privacy) -> Selection:
         if isinstance(self.strategy, Strategy):

@@ -1,0 +1,115 @@
+"""Every mechanism with a Kronecker form fits a Kronecker workload per factor (Mechanism._fit_per_factor).
+
+The per-factor strategy A_1 (x) ... (x) A_d is checked against the same mechanism fitted densely over all
+cells on small products, where both run: the baselines select the same strategy either way (so the
+errors agree to the rounding of two trace computations), and mm-optimal's per-factor optimum agrees
+with the dense optimum within the two certified gaps.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dpopt.compare import compare
+from dpopt.mechanisms import make_mechanism
+from dpopt.mechanisms.base import MechanismError, kronecker_factors
+from dpopt.privacy import Privacy
+from dpopt.specs import parse_workload
+from dpopt.workloads import MAX_DENSE_ENTRIES, GramWorkload
+
+PRIVACIES = {"pure": Privacy(1.0), "approx": Privacy(1.0, 1e-6)}
+# The errors are traces of products of n_i x n_i factor matrices (n <= 32 cells here, strategy Grams with
+# condition number <= 1e4): computed densely or through the factors they agree to about n cond eps =
+# 7e-11 relative; the tolerance leaves an order of magnitude above that.
+RTOL = 1e-9
+KRONECKER_FORMS = ("identity", "laplace", "hierarchical", "wavelet", "eigen", "mm-optimal")
+
+
+def _per_factor(name: str, spec: str, privacy: Privacy):
+    """The mechanism fitted per factor, whatever the domain's size (what fit does on large domains)."""
+    w = parse_workload(spec)
+    mech = make_mechanism(name)
+    return mech._fit_per_factor(kronecker_factors(w), w, privacy, separable=name == "mm-optimal")
+
+
+@pytest.mark.parametrize("privacy_name", list(PRIVACIES))
+@pytest.mark.parametrize("name", ["identity", "laplace", "hierarchical", "wavelet"])
+def test_baselines_per_factor_equal_the_dense_fit(name, privacy_name):
+    privacy = PRIVACIES[privacy_name]
+    spec = "kron:allrange:8,prefix:4"
+    dense = make_mechanism(name).fit(parse_workload(spec), privacy)
+    assert not dense._factored()
+    fac = _per_factor(name, spec, privacy)
+    assert fac._factored()
+    assert fac.expected_error_.total == pytest.approx(dense.expected_error_.total, rel=RTOL)
+    assert fac.expected_error_.sensitivity == pytest.approx(dense.expected_error_.sensitivity, rel=RTOL)
+    # per-query variances through the factors equal the squared row norms of the dense B = W A^+
+    np.testing.assert_allclose(fac.query_unit_variances(), dense.query_unit_variances(), rtol=RTOL, atol=0)
+    assert fac._strategy_rank() == dense._strategy_rank()
+
+
+@pytest.mark.parametrize("name", KRONECKER_FORMS)
+def test_noiseless_answers_through_the_factors_are_the_true_answers(name):
+    # With the noise source returning y unchanged, B A x = W x exactly when A supports W: a wrong factor
+    # order, transposed factor or reconstruction would give other numbers.
+    spec = "kron:allrange:8,prefix:4"
+    w = parse_workload(spec)
+    fac = _per_factor(name, spec, PRIVACIES["approx"])
+    x = np.random.default_rng(3).integers(0, 20, w.n).astype(float)
+    got = fac.answers_with(x, lambda y, sens: y)
+    want = w.sparse() @ x
+    np.testing.assert_allclose(got, want, rtol=0, atol=RTOL * np.abs(want).max())
+
+
+def test_mm_optimal_per_factor_is_the_dense_optimum_with_a_combined_certificate():
+    # (eps, delta): the optimum over the product domain is the product of the factors' optima, so the
+    # per-factor value and the dense solver's agree within the sum of their certified gaps, and the
+    # product of the factors' dual bounds is a lower bound below both.
+    privacy = PRIVACIES["approx"]
+    w = parse_workload("kron:allrange:8,prefix:4")
+    fac = make_mechanism("mm-optimal").fit(w, privacy)
+    assert fac._factored() and fac.fit_info_.solver.endswith("per factor")
+    dense = make_mechanism("mm-optimal").fit(GramWorkload(w.gram(), name="dense", m=w.m), privacy)
+    assert not dense._factored()
+    gap_f, gap_d = fac.fit_info_.gap, dense.fit_info_.gap
+    assert gap_f is not None and gap_d is not None and 0 <= max(gap_f, 0) <= 1e-7
+    e_f, e_d = fac.expected_error_.total, dense.expected_error_.total
+    assert abs(e_f - e_d) <= (max(gap_f, 0) + max(gap_d, 0) + RTOL) * max(e_f, e_d)
+    lower = fac.fit_info_.extra["unit_lower_bound"] * privacy.variance_factor
+    assert lower <= e_f * (1 + RTOL) and lower <= e_d * (1 + RTOL)
+    assert e_f <= lower / (1 - gap_f) * (1 + RTOL)  # the reported gap is the one between them
+
+
+def test_mm_optimal_max_objective_per_factor_multiplies_the_factors_maxima():
+    # Kronecker rows have variances prod_k Var_k, so the largest is the product of the factors' largest.
+    privacy = PRIVACIES["approx"]
+    w = parse_workload("kron:prefix:8,prefix:4")
+    fac = make_mechanism("mm-optimal", objective="max").fit(w, privacy)
+    assert fac._factored()
+    parts = [make_mechanism("mm-optimal", objective="max").fit(f, privacy) for f in w.factors]
+    unit = [float(np.max(p.query_unit_variances())) * p.strategy_.sensitivity(2) ** 2 for p in parts]
+    got = float(np.max(fac.query_unit_variances())) * fac.strategy_.sensitivity(2) ** 2
+    assert got == pytest.approx(np.prod(unit), rel=RTOL)
+
+
+@pytest.mark.parametrize("privacy_name", list(PRIVACIES))
+def test_compare_on_a_domain_too_large_for_dense_strategies_reports_every_kronecker_form(privacy_name):
+    spec = "kron:allrange:128,allrange:128"
+    w = parse_workload(spec)
+    assert w.n**2 > MAX_DENSE_ENTRIES  # the dense path would refuse this domain
+    df = compare(w, PRIVACIES[privacy_name], mechanisms=[*KRONECKER_FORMS, "hdmm", "om"], time_limit=60)
+    rows = df.set_index("mechanism")
+    for name in (*KRONECKER_FORMS, "hdmm"):
+        assert np.isfinite(rows.loc[name, "expected_total_error"]), rows.loc[name, "status"]
+        assert rows.loc[name, "ratio_to_bound"] >= 1 - 1e-12
+    assert "no Kronecker form" in rows.loc["om", "status"]
+    if privacy_name == "approx":  # the certified optimum per factor is hdmm's optimum too
+        e_opt, e_h = rows.loc["mm-optimal", "expected_total_error"], rows.loc["hdmm", "expected_total_error"]
+        assert e_opt <= e_h * (1 + 1e-7)  # within hdmm's solver tolerance of the certified optimum
+
+
+def test_a_non_kronecker_workload_too_large_for_dense_is_refused_with_its_reason():
+    w = parse_workload("prefix:20000")
+    with pytest.raises(MechanismError, match="not a single Kronecker product"):
+        make_mechanism("identity").fit(w, PRIVACIES["pure"])
