@@ -97,7 +97,7 @@ def wavelet_strategy(n: int) -> Strategy:
 
 
 def kron_strategy(factors: Sequence[Strategy], name: str | None = None) -> Strategy:
-    """A = A_1 (x) ... (x) A_d: sensitivities multiply across factors (seed 004, multi-dimensional ranges)."""
+    """A = A_1 (x) ... (x) A_d: sensitivities multiply across factors (HDMM, McKenna et al. VLDB 2018, Kronecker strategies)."""
     if not factors:
         raise ValueError("kron_strategy needs at least one factor")
     if any(f.B is not None for f in factors):

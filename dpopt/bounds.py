@@ -171,7 +171,7 @@ def certified_l2_bound(workload: Workload | np.ndarray, time_limit: float | None
 
 
 def column_projection_gram(G: np.ndarray, cells: Sequence[int] | np.ndarray) -> np.ndarray:
-    """Gram of the column projection mu(W) onto `cells`: W^T W restricted to those rows/columns (seed 004 Def. 3.7)."""
+    """Gram of the column projection mu(W) onto `cells`: W^T W restricted to those rows/columns (seed 004 Def. 2.8)."""
     idx = np.asarray(cells, dtype=int)
     if idx.ndim != 1 or idx.size == 0:
         raise ValueError("a column projection needs a non-empty 1-D list of cell indices")

@@ -350,7 +350,7 @@ class Mechanism(ABC):
         return None, False
 
     def _fit_per_factor(self, kron: KronWorkload, given: Workload, privacy: Privacy, separable: bool) -> Mechanism:
-        """Fit each factor W_i alone and measure A = A_1 (x) ... (x) A_d (seed 004 Sec. 5, Kronecker strategies).
+        """Fit each factor W_i alone and measure A = A_1 (x) ... (x) A_d (HDMM, McKenna et al. VLDB 2018, Kronecker strategies).
 
         Both sensitivities of a Kronecker product are the products of the factors' and
         ||W A^+||_F^2 = prod_i ||W_i A_i^+||_F^2, so the error is computed through the factors. When
