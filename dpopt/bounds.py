@@ -146,19 +146,21 @@ def l2_optimum_lower_bound(G: np.ndarray, d: np.ndarray) -> float:
 L2_BOUND_MAX_CELLS = 1024
 
 
-def certified_l2_bound(workload: Workload | np.ndarray, time_limit: float | None = None) -> tuple[float, str]:
+def certified_l2_bound(workload: Workload | np.ndarray, time_limit: float | None = None,
+                       max_cells: int = L2_BOUND_MAX_CELLS) -> tuple[float, str]:
     """The larger certified lower bound on min trace(W^T W X^+) over diag(X) <= 1, and its kind.
 
     'l2-optimum': the dual bound at the multipliers of seed 002's certified solver (`solve_convex_dp`, stopped
     at `time_limit` seconds if given); 'svd': SVDB(W) (seed 004 Prop. 4.3) where that is larger. Times
     P(eps, delta) it bounds every strategy's error under (eps, delta)-DP, and under eps-DP too since
-    sens1(A) >= sens2(A). Workloads of at most L2_BOUND_MAX_CELLS cells with an unscaled Gram.
+    sens1(A) >= sens2(A). Workloads of at most max_cells cells (default L2_BOUND_MAX_CELLS, where it takes
+    seconds; a benchmark may allow more) with an unscaled Gram.
     """
     from dpopt.solvers.convex_dp import solve_convex_dp  # the solvers build on this module
 
     w = as_workload(workload)
-    if w.gram_log_scale != 0.0 or w.n > L2_BOUND_MAX_CELLS:
-        raise ValueError(f"the certified L2 bound needs an unscaled Gram of at most {L2_BOUND_MAX_CELLS} cells; "
+    if w.gram_log_scale != 0.0 or w.n > max_cells:
+        raise ValueError(f"the certified L2 bound needs an unscaled Gram of at most {max_cells} cells; "
                          f"{w.name} has {w.n}")
     svdb = svd_bound(w)
     G = w.gram()

@@ -21,8 +21,8 @@ from scipy.optimize import minimize
 
 from dpopt.implicit.marginal_algebra import attrs_of, superset_incidence
 from dpopt.implicit.marginal_strategy import MarginalStrategy
-from dpopt.implicit.pidentity import LbfgsMonitor
 from dpopt.implicit.workloads import MarginalsWorkload
+from dpopt.solvers.lbfgs import LbfgsMonitor
 from dpopt.solvers.result import CONVERGED, MAX_ITER, STALLED, TIME_LIMIT, SolverResult
 from dpopt.validation import as_generator
 

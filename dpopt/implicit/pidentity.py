@@ -12,7 +12,6 @@ all in O(p n^2) time and O(n^2 + p n) memory per evaluation.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -21,6 +20,7 @@ import numpy as np
 from scipy.linalg import cho_factor, cho_solve
 from scipy.optimize import minimize
 
+from dpopt.solvers.lbfgs import LbfgsMonitor
 from dpopt.solvers.result import CONVERGED, MAX_ITER, STALLED, TIME_LIMIT, SolverResult
 from dpopt.validation import as_generator
 
@@ -65,31 +65,6 @@ def pidentity_error(Theta: np.ndarray, G: np.ndarray) -> float:
     G = np.asarray(G, dtype=float)
     factor = cho_factor(A.T @ A, lower=True)
     return float(np.trace(cho_solve(factor, G)))
-
-
-class LbfgsMonitor:
-    """An L-BFGS-B callback: keeps the best iterate, reports progress, and stops the run at a deadline.
-
-    scipy calls it with the OptimizeResult of each iteration (new-style callback, parameter named
-    `intermediate_result`); raising StopIteration ends minimize() with the current iterate.
-    deadline: a `time.perf_counter()` value or None; offset: iterations of earlier runs (for progress).
-    """
-
-    def __init__(self, x0: np.ndarray, deadline: float | None, progress: Callable[[dict[str, Any]], None] | None,
-                 stage: str, offset: int = 0) -> None:
-        self.best_fun, self.best_x = math.inf, np.asarray(x0, dtype=float)
-        self.deadline, self.progress, self.stage, self.offset = deadline, progress, stage, offset
-        self.iterations, self.stopped = 0, False
-
-    def __call__(self, intermediate_result: Any) -> None:
-        self.iterations += 1
-        if intermediate_result.fun < self.best_fun:
-            self.best_fun, self.best_x = float(intermediate_result.fun), np.array(intermediate_result.x)
-        if self.progress is not None:
-            self.progress({"iteration": self.offset + self.iterations, "stage": self.stage})
-        if self.deadline is not None and time.perf_counter() >= self.deadline:
-            self.stopped = True
-            raise StopIteration
 
 
 def optimize_pidentity(

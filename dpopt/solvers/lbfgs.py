@@ -1,0 +1,35 @@
+"""The L-BFGS-B callback the first-order strategy optimisers share (p-Identity, marginal template, L1 strategy)."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+
+class LbfgsMonitor:
+    """An L-BFGS-B callback: keeps the best iterate, reports progress, and stops the run at a deadline.
+
+    scipy calls it with the OptimizeResult of each iteration (new-style callback, parameter named
+    `intermediate_result`); raising StopIteration ends minimize() with the current iterate.
+    deadline: a `time.perf_counter()` value or None; offset: iterations of earlier runs (for progress).
+    """
+
+    def __init__(self, x0: np.ndarray, deadline: float | None, progress: Callable[[dict[str, Any]], None] | None,
+                 stage: str, offset: int = 0) -> None:
+        self.best_fun, self.best_x = math.inf, np.asarray(x0, dtype=float)
+        self.deadline, self.progress, self.stage, self.offset = deadline, progress, stage, offset
+        self.iterations, self.stopped = 0, False
+
+    def __call__(self, intermediate_result: Any) -> None:
+        self.iterations += 1
+        if intermediate_result.fun < self.best_fun:
+            self.best_fun, self.best_x = float(intermediate_result.fun), np.array(intermediate_result.x)
+        if self.progress is not None:
+            self.progress({"iteration": self.offset + self.iterations, "stage": self.stage})
+        if self.deadline is not None and time.perf_counter() >= self.deadline:
+            self.stopped = True
+            raise StopIteration
