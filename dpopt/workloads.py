@@ -16,6 +16,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from itertools import combinations
+from typing import ClassVar
 
 import numpy as np
 import scipy.sparse as sp
@@ -200,16 +201,27 @@ class GramWorkload(Workload):
         return self._G
 
 
-class Identity(Workload):
-    """Identity(n): every cell count (the histogram); Li and Miklau (seed 004) and seed 003."""
+class _Family(Workload):
+    """A 1-D family on n cells, named `family(n)`, with `_m()` queries (n unless the family says otherwise)."""
+
+    family: ClassVar[str] = ""
 
     def __init__(self, n: int) -> None:
         self._n = check_positive_int(n, "n")
-        self.name = f"identity({self._n})"
+        self.name = f"{self.family}({self._n})"
+
+    def _m(self) -> int:
+        return self._n
 
     @property
     def shape(self) -> tuple[int, int]:
-        return (self._n, self._n)
+        return (self._m(), self._n)
+
+
+class Identity(_Family):
+    """Identity(n): every cell count (the histogram); Li and Miklau (seed 004) and seed 003."""
+
+    family = "identity"
 
     def sparse(self) -> sp.csr_matrix:
         return sp.identity(self._n, format="csr", dtype=float)
@@ -218,16 +230,13 @@ class Identity(Workload):
         return np.eye(self._n)
 
 
-class Total(Workload):
+class Total(_Family):
     """Total(n): the single query summing all cells (seed 003)."""
 
-    def __init__(self, n: int) -> None:
-        self._n = check_positive_int(n, "n")
-        self.name = f"total({self._n})"
+    family = "total"
 
-    @property
-    def shape(self) -> tuple[int, int]:
-        return (1, self._n)
+    def _m(self) -> int:
+        return 1
 
     def sparse(self) -> sp.csr_matrix:
         return sp.csr_matrix(np.ones((1, self._n)))
@@ -236,16 +245,10 @@ class Total(Workload):
         return np.ones((self._n, self._n))
 
 
-class Prefix(Workload):
+class Prefix(_Family):
     """Prefix(n): the n prefix sums x_0 + ... + x_i (lower-triangular ones; HDMM's 1-D table)."""
 
-    def __init__(self, n: int) -> None:
-        self._n = check_positive_int(n, "n")
-        self.name = f"prefix({self._n})"
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return (self._n, self._n)
+    family = "prefix"
 
     def sparse(self) -> sp.csr_matrix:
         return sp.csr_matrix(np.tril(np.ones((self._n, self._n))))
@@ -269,16 +272,13 @@ def _range_rows(n: int, starts: np.ndarray, ends: np.ndarray) -> sp.csr_matrix:
     return sp.csr_matrix((data, (rows, cols)), shape=(len(starts), n))
 
 
-class AllRange(Workload):
+class AllRange(_Family):
     """AllRange(n): all n(n+1)/2 range queries [i, j], i <= j, ordered by (i, j) (seed 004, Table 2)."""
 
-    def __init__(self, n: int) -> None:
-        self._n = check_positive_int(n, "n")
-        self.name = f"allrange({self._n})"
+    family = "allrange"
 
-    @property
-    def shape(self) -> tuple[int, int]:
-        return (self._n * (self._n + 1) // 2, self._n)
+    def _m(self) -> int:
+        return self._n * (self._n + 1) // 2
 
     @property
     def has_rows(self) -> bool:
@@ -432,22 +432,22 @@ class WTau(_DenseWorkload):
         self.name = f"wtau({self._m}x{self._n},tau={self.tau:g})"
 
 
-class AllPredicate(Workload):
+class AllPredicate(_Family):
     """AllPredicate(n): all 2^n subset-count queries; Gram 2^(n-2) (I + 1 1^T) (seed 004, Cor. 5.4).
 
     Only the Gram matrix exists: gram() returns I + 1 1^T and gram_log_scale = (n - 2) ln 2.
     """
 
+    family = "allpredicate"
+
     def __init__(self, n: int) -> None:
-        self._n = check_positive_int(n, "n")
+        super().__init__(n)
         if self._n < 2:
             raise ValueError(f"AllPredicate needs n >= 2 cells, got {self._n}")
         self.gram_log_scale = (self._n - 2) * math.log(2.0)
-        self.name = f"allpredicate({self._n})"
 
-    @property
-    def shape(self) -> tuple[int, int]:
-        return (2**self._n, self._n)
+    def _m(self) -> int:
+        return 2**self._n
 
     @property
     def has_rows(self) -> bool:
