@@ -6,6 +6,8 @@ import math
 
 import numpy as np
 import pytest
+from reference_workloads import allrange_matrix as all_range
+from reference_workloads import prefix_matrix as prefix
 
 from dpopt.solvers.appendix_b import (
     RangeSpace,
@@ -19,20 +21,6 @@ from dpopt.solvers.result import CONVERGED, MAX_ITER, STALLED
 from dpopt.workloads import WidthK
 
 cp = pytest.importorskip("cvxpy")
-
-
-def prefix(n: int) -> np.ndarray:
-    return np.tril(np.ones((n, n)))
-
-
-def all_range(n: int) -> np.ndarray:
-    rows = []
-    for a in range(n):
-        for b in range(a, n):
-            row = np.zeros(n)
-            row[a : b + 1] = 1.0
-            rows.append(row)
-    return np.array(rows)
 
 
 def sdp_optimum(G: np.ndarray) -> float:

@@ -9,6 +9,8 @@ import pytest
 from conftest import require_shared
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from reference_workloads import allrange_gram, allrange_matrix, prefix_gram, width_matrix
+from reference_workloads import range_family_gram as family
 
 from dpopt.solvers.convex_dp import (
     convex_dp_dual_bound,
@@ -22,41 +24,10 @@ from dpopt.solvers.result import CONVERGED, MAX_ITER, STALLED
 # ---- independent workload constructions (closed forms and explicit matrices) ----------------------
 
 
-def allrange_gram(n: int) -> np.ndarray:
-    i = np.arange(n)
-    return ((np.minimum.outer(i, i) + 1) * (n - np.maximum.outer(i, i))).astype(float)
-
-
-def prefix_gram(n: int) -> np.ndarray:
-    i = np.arange(n)
-    return (n - np.maximum.outer(i, i)).astype(float)
-
-
-def width_matrix(n: int, k: int) -> np.ndarray:
-    W = np.zeros((n - k + 1, n))
-    for s in range(n - k + 1):
-        W[s, s : s + k] = 1.0
-    return W
-
-
-def allrange_matrix(n: int) -> np.ndarray:
-    rows = [np.r_[np.zeros(a), np.ones(b - a + 1), np.zeros(n - b - 1)] for a in range(n) for b in range(a, n)]
-    return np.array(rows)
-
-
 def svdb(G: np.ndarray) -> float:
     """SVD bound (seed 004, Prop. 4.3) from the singular values of a Cholesky-free square root."""
     lam = np.clip(np.linalg.eigvalsh(G), 0.0, None)
     return float(np.sqrt(lam).sum() ** 2 / G.shape[0])
-
-
-def family(kind: str, n: int) -> np.ndarray:
-    if kind == "allrange":
-        return allrange_gram(n)
-    if kind == "prefix":
-        return prefix_gram(n)
-    W = width_matrix(n, n // 4)
-    return W.T @ W
 
 
 def pinv_objective(G: np.ndarray, X: np.ndarray) -> float:

@@ -4,25 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from reference_workloads import allrange_gram, allrange_matrix, prefix_gram
 
 from dpopt.solvers.convex_dp import convex_dp_objective, solve_convex_dp
 from dpopt.solvers.convex_dp_paper import MAXITER, solve_convex_dp_paper
 from dpopt.solvers.result import CONVERGED, MAX_ITER
-
-
-def allrange_gram(n: int) -> np.ndarray:
-    i = np.arange(n)
-    return ((np.minimum.outer(i, i) + 1) * (n - np.maximum.outer(i, i))).astype(float)
-
-
-def prefix_gram(n: int) -> np.ndarray:
-    i = np.arange(n)
-    return (n - np.maximum.outer(i, i)).astype(float)
-
-
-def allrange_matrix(n: int) -> np.ndarray:
-    rows = [np.r_[np.zeros(a), np.ones(b - a + 1), np.zeros(n - b - 1)] for a in range(n) for b in range(a, n)]
-    return np.array(rows)
 
 
 @pytest.mark.parametrize("gram", [allrange_gram, prefix_gram])

@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from reference_workloads import allrange_gram, prefix_gram, width_gram
+from reference_workloads import range_family_gram as family
 
 from dpopt.solvers.convex_dp import solve_convex_dp
 from dpopt.solvers.eigen_design import (
@@ -16,28 +18,6 @@ from dpopt.solvers.eigen_design import (
 )
 from dpopt.solvers.result import CONVERGED
 from dpopt.workloads import AllRange, Prefix, WidthK
-
-
-def allrange_gram(n: int) -> np.ndarray:
-    i = np.arange(n)
-    return ((np.minimum.outer(i, i) + 1) * (n - np.maximum.outer(i, i))).astype(float)
-
-
-def prefix_gram(n: int) -> np.ndarray:
-    i = np.arange(n)
-    return (n - np.maximum.outer(i, i)).astype(float)
-
-
-def width_gram(n: int, k: int) -> np.ndarray:
-    W = np.zeros((n - k + 1, n))
-    for s in range(n - k + 1):
-        W[s, s : s + k] = 1.0
-    return W.T @ W
-
-
-def family(kind: str, n: int) -> np.ndarray:
-    return {"allrange": allrange_gram, "prefix": prefix_gram}[kind](n) if kind != "widthk" else width_gram(n, n // 4)
-
 
 EPS = np.finfo(float).eps
 

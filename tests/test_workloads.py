@@ -7,6 +7,7 @@ import itertools
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from reference_workloads import allrange_matrix
 
 from dpopt.workloads import (
     AllPredicate,
@@ -28,20 +29,10 @@ from dpopt.workloads import (
 )
 
 
-def brute_all_range(n: int) -> np.ndarray:
-    rows = []
-    for i in range(n):
-        for j in range(i, n):
-            r = np.zeros(n)
-            r[i : j + 1] = 1
-            rows.append(r)
-    return np.array(rows)
-
-
 @pytest.mark.parametrize("n", [1, 2, 5, 16])
 def test_all_range_matrix_and_closed_form_gram(n):
     w = AllRange(n)
-    W = brute_all_range(n)
+    W = allrange_matrix(n)
     assert w.shape == (n * (n + 1) // 2, n)
     np.testing.assert_array_equal(w.matrix(), W)
     np.testing.assert_array_equal(w.gram(), W.T @ W)
@@ -123,7 +114,7 @@ def test_all_predicate_gram_matches_enumeration():
 
 def test_kron_and_all_range_nd():
     w = all_range_nd([3, 4])
-    W = np.kron(brute_all_range(3), brute_all_range(4))
+    W = np.kron(allrange_matrix(3), allrange_matrix(4))
     np.testing.assert_array_equal(w.matrix(), W)
     np.testing.assert_array_equal(w.gram(), W.T @ W)  # integer entries: exact in floating point
     assert w.shape == W.shape
