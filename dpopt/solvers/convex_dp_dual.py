@@ -21,12 +21,11 @@ import numpy as np
 import scipy.linalg as sla
 
 from dpopt.solvers.convex_dp_core import (
-    certified_status,
     dual_bound_from_factor,
     objective_from_factor,
 )
 from dpopt.solvers.diag_dual_newton import DualPoint, PrimalPoint, maximise_dual, pcg
-from dpopt.solvers.result import SolverResult, relative_gap
+from dpopt.solvers.result import SolverResult
 
 #: T = V D V^T counts as positive definite when its eigenvalues exceed this times its largest one.
 _PD_RTOL = 1e3 * np.finfo(float).eps
@@ -120,26 +119,6 @@ def solve_dual(
     out = maximise_dual(ConvexDPDual(V), d0, tol=tol, max_iter=max_iter, forcing=forcing, max_cg=max_cg,
                         active_tol=active_tol, damping=damping, callback=callback, time_limit=time_limit, t_start=t_wall)
     dual = max(dual_bound_from_factor(V, out.d), 0.0)  # recomputed from singular values (accurate)
-    fun = out.primal.fun
-    gap = relative_gap(fun, dual)
-    status, message = certified_status(out.status, out.message, gap, tol)
-    return SolverResult(
-        x=out.primal.x,
-        fun=fun,
-        status=status,
-        message=message,
-        nit=out.nit,
-        ninner=out.ninner,
-        wall_seconds=time.perf_counter() - t_wall,
-        cpu_seconds=time.process_time() - t_cpu,
-        dual_bound=dual,
-        gap=gap,
-        extra={
-            "method": "dual",
-            "d": out.d,
-            "A": out.primal.extra["A"],
-            "primal_construction": out.primal.construction,
-            "rank": V.shape[0],
-            "history": out.history,
-        },
-    )
+    extra = {"method": "dual", "d": out.d, "A": out.primal.extra["A"],
+             "primal_construction": out.primal.construction, "rank": V.shape[0]}
+    return out.result(out.primal.x, out.primal.fun, dual, tol, t_wall, t_cpu, extra)

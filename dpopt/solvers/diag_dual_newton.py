@@ -26,7 +26,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from dpopt.solvers.result import MAX_ITER, STALLED, relative_gap, stop_rule
+from dpopt.solvers.convex_dp_core import certified_status
+from dpopt.solvers.result import MAX_ITER, STALLED, SolverResult, relative_gap, stop_rule
 
 _ARMIJO = 1e-4
 _MAX_BACKTRACK = 30
@@ -141,6 +142,16 @@ class AscentOutcome:
     nit: int
     ninner: int
     history: list[dict[str, float]]
+
+    def result(self, x: Any, fun: float, dual: float, tol: float, t_wall: float, t_cpu: float,
+               extra: dict[str, Any]) -> SolverResult:
+        """The SolverResult of this ascent with primal value fun and recomputed dual bound: gap, certified
+        status, timings from the perf_counter / process_time readings t_wall, t_cpu, and the history."""
+        gap = relative_gap(fun, dual)
+        status, message = certified_status(self.status, self.message, gap, tol)
+        return SolverResult(x=x, fun=fun, status=status, message=message, nit=self.nit, ninner=self.ninner,
+                            wall_seconds=time.perf_counter() - t_wall, cpu_seconds=time.process_time() - t_cpu,
+                            dual_bound=dual, gap=gap, extra={**extra, "history": self.history})
 
 
 def maximise_dual(

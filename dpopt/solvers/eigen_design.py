@@ -58,7 +58,6 @@ import scipy.linalg as sla
 
 from dpopt.solvers.convex_dp_core import (
     RANK_TOL,
-    certified_status,
     check_gram,
     objective_from_factor,
     undo_unit_scale,
@@ -66,7 +65,7 @@ from dpopt.solvers.convex_dp_core import (
     unscaled_callback,
 )
 from dpopt.solvers.diag_dual_newton import DualPoint, PrimalPoint, maximise_dual, pcg
-from dpopt.solvers.result import SolverResult, relative_gap
+from dpopt.solvers.result import SolverResult
 
 #: Entry-wise tolerance on rows of P o P for two cells to count as the same constraint (`merge_equal_cells`).
 MERGE_ATOL = 1e-13
@@ -317,33 +316,11 @@ def solve_eigen_design(
     u = np.zeros(n)
     u[keep] = u_keep
     fun = float(np.sum(lam[keep] / u_keep))
-    gap = relative_gap(fun, dual)
-    status, message = certified_status(out.status, out.message, gap, tol)
     A = np.sqrt(u[keep])[:, None] * P[:, keep].T
     completion, completed_fun = np.zeros(n), fun
     if complete:
         completion, completed_fun = complete_strategy(A, np.sqrt(lam[keep])[:, None] * P[:, keep].T)
-    res = SolverResult(
-        x=u,
-        fun=fun,
-        status=status,
-        message=message,
-        nit=out.nit,
-        ninner=out.ninner,
-        wall_seconds=time.perf_counter() - t_wall,
-        cpu_seconds=time.process_time() - t_cpu,
-        dual_bound=dual,
-        gap=gap,
-        extra={
-            "eigenvalues": lam,
-            "eigenvectors": P,
-            "A": A,
-            "completion": completion,
-            "completed_fun": min(completed_fun, fun),
-            "y": y,
-            "groups": int(reps.size),
-            "rank": int(keep.sum()),
-            "history": out.history,
-        },
-    )
+    extra = {"eigenvalues": lam, "eigenvectors": P, "A": A, "completion": completion,
+             "completed_fun": min(completed_fun, fun), "y": y, "groups": int(reps.size), "rank": int(keep.sum())}
+    res = out.result(u, fun, dual, tol, t_wall, t_cpu, extra)
     return undo_unit_scale(res, c)
