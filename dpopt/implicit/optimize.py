@@ -76,6 +76,20 @@ class ImplicitSelection:
     cpu_seconds: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
 
+    @classmethod
+    def of(cls, strategy: KronStrategy | MarginalStrategy | UnionKronStrategy, workload: ImplicitWorkload,
+           privacy: Privacy, *, solver: str, status: str, iterations: int, t0: float, c0: float,
+           unit_bound: tuple[float, str] | None = None, extra: dict[str, Any] | None = None) -> ImplicitSelection:
+        """The selection of `strategy`: its exact error, P times the unit bound (the workload's own certified
+        bound by default) with the gap error / bound - 1, and the seconds since perf_counter t0, process_time c0."""
+        err = strategy.expected_error(workload, privacy)
+        value, kind = workload.error_lower_bound() if unit_bound is None else unit_bound
+        bound = privacy.variance_factor * value
+        return cls(strategy=strategy, error=err, bound=bound, bound_kind=kind, solver=solver, status=status,
+                   iterations=iterations, gap=err.total / bound - 1.0 if bound > 0 else None,
+                   wall_seconds=time.perf_counter() - t0, cpu_seconds=time.process_time() - c0,
+                   extra=extra or {})
+
 
 def default_p(n: int) -> int:
     """HDMM's p-Identity size: n / 16 extra queries (p = 16 for n = 256), at least 1."""
@@ -249,7 +263,6 @@ def optimize_kron(
         results.append(res)
         kept.append(k)
     strat = KronStrategy(mats, name="kron-" + ("p-identity" if privacy.is_pure else "optimal"))
-    err = strat.expected_error(workload, privacy)
     svdb = workload.svd_bound()
     if not privacy.is_pure and all(r.dual_bound is not None for r in results):
         unit_bound = math.prod(float(r.dual_bound) for r in results)  # type: ignore[arg-type]
@@ -257,20 +270,11 @@ def optimize_kron(
     else:
         unit_bound = svdb
         bound_kind = "svd bound"
-    bound = privacy.variance_factor * max(unit_bound, svdb)
-    status = _status(results, "converged" if privacy.is_pure else "optimal")
-    return ImplicitSelection(
-        strategy=strat,
-        error=err,
-        bound=bound,
-        bound_kind=bound_kind,
-        solver=("convex-dp per factor" if not privacy.is_pure else "p-identity L-BFGS-B")
-        + _kept_note(kept, optimiser),
-        status=status,
-        iterations=sum(r.nit for r in results),
-        gap=err.total / bound - 1.0 if bound > 0 else None,
-        wall_seconds=time.perf_counter() - t0,
-        cpu_seconds=time.process_time() - c0,
+    return ImplicitSelection.of(
+        strat, workload, privacy,
+        solver=("convex-dp per factor" if not privacy.is_pure else "p-identity L-BFGS-B") + _kept_note(kept, optimiser),
+        status=_status(results, "converged" if privacy.is_pure else "optimal"),
+        iterations=sum(r.nit for r in results), t0=t0, c0=c0, unit_bound=(max(unit_bound, svdb), bound_kind),
         extra={"svd_bound": privacy.variance_factor * svdb, "factor_gaps": [r.gap for r in results],
                "factor_kept": kept},
     )
@@ -315,21 +319,11 @@ def optimize_union_kron(
             capped = True
             break
     strat = KronStrategy([m for m in mats if m is not None], name="union-kron")
-    err = strat.expected_error(workload, privacy)
-    unit_bound, kind = workload.error_lower_bound()
-    bound = privacy.variance_factor * unit_bound
-    return ImplicitSelection(
-        strategy=strat,
-        error=err,
-        bound=bound,
-        bound_kind=kind,
+    return ImplicitSelection.of(
+        strat, workload, privacy,
         solver="block coordinate descent (" + ("p-identity" if privacy.is_pure else "convex-dp") + ")",
         status=TIME_LIMIT if capped else ("converged" if len(history) < sweeps else "max_iter"),
-        iterations=iters,
-        gap=err.total / bound - 1.0 if bound > 0 else None,
-        wall_seconds=time.perf_counter() - t0,
-        cpu_seconds=time.process_time() - c0,
-        extra={"history": history},
+        iterations=iters, t0=t0, c0=c0, extra={"history": history},
     )
 
 
@@ -358,20 +352,10 @@ def optimize_union_of_krons(
     w = e ** (1.0 / 3.0) if privacy.is_pure else e**0.25
     w = w / (w.sum() if privacy.is_pure else math.sqrt(float(np.sum(w**2))))
     strat = UnionKronStrategy(parts, w, list(range(len(parts))))
-    err = strat.expected_error(workload, privacy)
-    unit_bound, kind = workload.error_lower_bound()
-    bound = privacy.variance_factor * unit_bound
-    return ImplicitSelection(
-        strategy=strat,
-        error=err,
-        bound=bound,
-        bound_kind=kind,
+    return ImplicitSelection.of(
+        strat, workload, privacy,
         solver="union of Kronecker parts (" + ("p-identity" if privacy.is_pure else "convex-dp") + ")",
-        status=TIME_LIMIT if TIME_LIMIT in statuses else "converged",
-        iterations=iters,
-        gap=err.total / bound - 1.0 if bound > 0 else None,
-        wall_seconds=time.perf_counter() - t0,
-        cpu_seconds=time.process_time() - c0,
+        status=TIME_LIMIT if TIME_LIMIT in statuses else "converged", iterations=iters, t0=t0, c0=c0,
         extra={"weights": w.tolist(), "sens_exact": strat.sens_exact},
     )
 
@@ -398,8 +382,6 @@ def optimize_union(workload: UnionWorkload, privacy: Privacy, **opts: Any) -> Im
 def optimize_marginals(workload: MarginalsWorkload, privacy: Privacy, **opts: Any) -> ImplicitSelection:
     """(eps, delta): ResidualPlanner's closed form (optimal, gap 0); eps-DP: HDMM's marginal template."""
     t0, c0 = time.perf_counter(), time.process_time()
-    svdb = workload.svd_bound()
-    bound = privacy.variance_factor * svdb
     if privacy.is_pure:
         strat, res = optimize_marginals_laplace(workload, **opts)
         solver, status, iters = "marginal template L-BFGS", res.status, res.nit
@@ -408,18 +390,9 @@ def optimize_marginals(workload: MarginalsWorkload, privacy: Privacy, **opts: An
     else:
         strat, _ = residual_planner(workload)
         solver, status, iters = "residual planner (closed form)", "optimal", 0
-    err = strat.expected_error(workload, privacy)
-    return ImplicitSelection(
-        strategy=strat,
-        error=err,
-        bound=bound,
-        bound_kind="svd bound (tight for marginals under (eps, delta))",
-        solver=solver,
-        status=status,
-        iterations=iters,
-        gap=err.total / bound - 1.0,
-        wall_seconds=time.perf_counter() - t0,
-        cpu_seconds=time.process_time() - c0,
+    return ImplicitSelection.of(
+        strat, workload, privacy, solver=solver, status=status, iterations=iters, t0=t0, c0=c0,
+        unit_bound=(workload.svd_bound(), "svd bound (tight for marginals under (eps, delta))"),
     )
 
 
