@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import time
 
-import cvxpy as cp
 import numpy as np
 
 from dpopt.workloads import Workload
 from formulations.model import Model
-from formulations.per_query import row_space_data, strategy_gram, to_strategy
+from formulations.per_query import row_space_data, row_space_model, strategy_gram
 
 NAME = "minimax"
 
@@ -49,25 +48,4 @@ def build(
     """
     t0 = time.perf_counter()
     rs = row_space_data(workload, targets, zero_columns=zero_columns)
-    P, L = rs.P, rs.L
-    n, k = L.shape
-    S = cp.Variable((k, k), symmetric=True, name="S")
-    Z = cp.Variable((n, n), symmetric=True, name="Z")
-    s = cp.Variable(name="s")
-    problem = cp.Problem(
-        cp.Minimize(s),
-        [
-            cp.bmat([[S, L.T], [L, Z]]) >> 0,
-            cp.diag(Z) <= 1.0,
-            cp.sum(cp.multiply(P @ S, P), axis=1) <= s,
-        ],
-    )
-    return Model(
-        name=NAME,
-        problem=problem,
-        variables={"S": S, "Z": Z, "s": s},
-        scale=1.0,
-        recover=to_strategy,
-        build_seconds=time.perf_counter() - t0,
-        data={"gram": rs.gram, "W": rs.W, "bounds": rs.c, "basis": L, "U": rs.U, "R": rs.R, "rows": P},
-    )
+    return row_space_model(NAME, rs, t0, "s", bounds="variances")

@@ -161,23 +161,31 @@ def build(
     """
     t0 = time.perf_counter()
     rs = row_space_data(workload, bounds, zero_columns=zero_columns)
+    return row_space_model(NAME, rs, t0, "t", bounds="diag")
+
+
+def row_space_model(name: str, rs: RowSpaceData, t0: float, scalar: str, bounds: str) -> Model:
+    """min over S' (k x k), Z (n x n) and a scalar of the scalar, s.t. [[S', L^T], [L, Z]] >> 0 (so
+    Z >= L S'^{-1} L^T = X) and, for bounds "diag", diag(Z) <= scalar with every variance diag(P S' P^T) <= 1
+    (fitness for use), or for bounds "variances", diag(Z) <= 1 with every variance <= scalar (minimax)."""
     P, L = rs.P, rs.L
     n, k = L.shape
     S = cp.Variable((k, k), symmetric=True, name="S")
     Z = cp.Variable((n, n), symmetric=True, name="Z")
-    t = cp.Variable(name="t")
+    v = cp.Variable(name=scalar)
+    diag_bound, variance_bound = (v, 1.0) if bounds == "diag" else (1.0, v)
     problem = cp.Problem(
-        cp.Minimize(t),
+        cp.Minimize(v),
         [
             cp.bmat([[S, L.T], [L, Z]]) >> 0,
-            cp.diag(Z) <= t,
-            cp.sum(cp.multiply(P @ S, P), axis=1) <= 1.0,
+            cp.diag(Z) <= diag_bound,
+            cp.sum(cp.multiply(P @ S, P), axis=1) <= variance_bound,
         ],
     )
     return Model(
-        name=NAME,
+        name=name,
         problem=problem,
-        variables={"S": S, "Z": Z, "t": t},
+        variables={"S": S, "Z": Z, scalar: v},
         scale=1.0,
         recover=to_strategy,
         build_seconds=time.perf_counter() - t0,
