@@ -39,6 +39,18 @@ def _positive_int(text: str) -> int:
     return v
 
 
+
+def _add_executor_options(p: argparse.ArgumentParser) -> None:
+    """The options sweep and reproduce share: where tasks run, their cache, progress and time budget."""
+    p.add_argument("--workers", type=int, default=None,
+                   help="local worker processes (default: one per core; 0 runs in this process)")
+    p.add_argument("--scheduler", default=None, help="Dask scheduler address (e.g. tcp://host:8786)")
+    p.add_argument("--cache", default=None, help="directory of per-task results (resume and reuse)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument("--time-limit", type=_time_limit, default=None, metavar="SECONDS",
+                   help="wall-clock seconds per fit (a capped solver returns its best valid strategy, status "
+                        "time_limit); default: the config's time_limit, else none")
+
 def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Register the sweep, reproduce and crossval subcommands on `dpopt`'s subparsers."""
     from dpopt.reproduce import EXPERIMENTS
@@ -52,16 +64,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("config", help="sweep config, .toml or .json")
-    p.add_argument("--scheduler", default=None, help="Dask scheduler address (e.g. tcp://host:8786)")
-    p.add_argument("--workers", type=int, default=None,
-                   help="local worker processes (default: one per core; 0 runs in this process)")
-    p.add_argument("--cache", default=None, help="directory of per-task results (resume and reuse)")
     p.add_argument("--out", default=None, help="write the results here (.csv; default: CSV on stdout)")
     p.add_argument("--plot", default=None, help="also draw mean error per mechanism and workload to this PNG")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    p.add_argument("--time-limit", type=_time_limit, default=None, metavar="SECONDS",
-                   help="wall-clock seconds per fit (a capped solver returns its best valid strategy, status "
-                        "time_limit); default: the config's time_limit, else none")
+    _add_executor_options(p)
 
     p = sub.add_parser(
         "reproduce",
@@ -87,13 +92,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
                    "data-dependent bias is not added), and sizes beyond the data's cells run")
     p.add_argument("--x", default=None, metavar="X[,X...]", dest="xs",
                    help="run only the points at these x-axis values (e.g. --x 8192: one n of a figure)")
-    p.add_argument("--workers", type=int, default=None, help="local worker processes (0: in this process)")
-    p.add_argument("--scheduler", default=None, help="Dask scheduler address")
-    p.add_argument("--cache", default=None, help="directory of per-task results (resume and reuse)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    p.add_argument("--time-limit", type=_time_limit, default=None, metavar="SECONDS",
-                   help="wall-clock seconds per fit (a capped solver returns its best valid strategy, status "
-                        "time_limit); default: the config's time_limit, else none")
+    _add_executor_options(p)
 
     p = sub.add_parser(
         "crossval",
