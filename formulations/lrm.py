@@ -361,15 +361,8 @@ def fit(
         )
     residual = float(np.linalg.norm(W - B @ L))
     strategy = Strategy(L, B=B, name="lrm_conic", gamma=gamma_fit)
-    return SolverResult(
-        x=(B, L),
-        fun=fun,
-        status=status,
-        message=message,
-        nit=k,
-        wall_seconds=time.perf_counter() - wall0,
-        cpu_seconds=time.process_time() - cpu0,
-        ninner=ninner,
+    return SolverResult.since(
+        wall0, cpu0, x=(B, L), fun=fun, status=status, message=message, nit=k, ninner=ninner,
         extra={
             "strategy": strategy,
             "residual": residual,

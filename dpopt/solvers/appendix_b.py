@@ -479,17 +479,9 @@ def solve_appendix_b(
         message = (f"smallest smoothing width mu={stages[-1]:g} reached with certified relative gap "
                    f"{gap:.2e} > gap_tol={gap_tol:g} (last stage: {out['message']})")
     M = sp.expand(best["K"])
-    return SolverResult(
-        x=strategy_from_gram(M),
-        fun=best["F"],
-        status=status,
-        message=message,
-        nit=nit,
-        ninner=nevals,
-        wall_seconds=time.perf_counter() - t_wall,
-        cpu_seconds=time.process_time() - t_cpu,
-        dual_bound=best["LB"],
-        gap=gap,
+    return SolverResult.since(
+        t_wall, t_cpu, x=strategy_from_gram(M), fun=best["F"], status=status, message=message, nit=nit,
+        ninner=nevals, dual_bound=best["LB"], gap=gap,
         extra={
             "M": M / float(np.diag(M).max()),
             "d": best["d"],

@@ -171,9 +171,8 @@ def solve_convex_dp_paper(
         fun, dual = float("inf"), None
         message += "; final X is not positive definite"
     gap = None if dual is None or not np.isfinite(fun) else relative_gap(fun, dual)
-    return SolverResult(
-        x=X, fun=fun, status=status, message=message, nit=it,
-        wall_seconds=time.perf_counter() - t_wall, cpu_seconds=time.process_time() - t_cpu,
+    return SolverResult.since(
+        t_wall, t_cpu, x=X, fun=fun, status=status, message=message, nit=it,
         ninner=int(sum(cg_steps)), dual_bound=dual, gap=gap,
         extra={"fun_regularised": fcurr, "history": history, "cg_steps": cg_steps, "ls_steps": ls_steps,
                "A": A_chol, "multipliers": "d = diag(X^-1 G X^-1), clipped at 0"},

@@ -228,16 +228,5 @@ def solve_primal(
     gap = relative_gap(fun, dual)
     status, message = certified_status(status, message, gap, tol)
     extra.update({"d": best_d, "A": model.L.T.copy(), "history": history})
-    return SolverResult(
-        x=model.X,
-        fun=fun,
-        status=status,
-        message=message,
-        nit=nit,
-        ninner=ninner,
-        wall_seconds=time.perf_counter() - t_wall,
-        cpu_seconds=time.process_time() - t_cpu,
-        dual_bound=dual,
-        gap=gap,
-        extra=extra,
-    )
+    return SolverResult.since(t_wall, t_cpu, x=model.X, fun=fun, status=status, message=message, nit=nit,
+                              ninner=ninner, dual_bound=dual, gap=gap, extra=extra)

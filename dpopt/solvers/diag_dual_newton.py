@@ -149,9 +149,8 @@ class AscentOutcome:
         status, timings from the perf_counter / process_time readings t_wall, t_cpu, and the history."""
         gap = relative_gap(fun, dual)
         status, message = certified_status(self.status, self.message, gap, tol)
-        return SolverResult(x=x, fun=fun, status=status, message=message, nit=self.nit, ninner=self.ninner,
-                            wall_seconds=time.perf_counter() - t_wall, cpu_seconds=time.process_time() - t_cpu,
-                            dual_bound=dual, gap=gap, extra={**extra, "history": self.history})
+        return SolverResult.since(t_wall, t_cpu, x=x, fun=fun, status=status, message=message, nit=self.nit,
+                                  ninner=self.ninner, dual_bound=dual, gap=gap, extra={**extra, "history": self.history})
 
 
 def maximise_dual(

@@ -151,9 +151,8 @@ def optimize_l1_strategy(
     err, M, status, best_nit, message = best
     if capped:
         status = TIME_LIMIT
-    return SolverResult(
-        x=normalised_strategy(M), fun=err, status=status,
-        message=f"best of {runs} L-BFGS-B runs from {len(starts)} starts: {message}",
-        nit=nit, wall_seconds=time.perf_counter() - t0, cpu_seconds=time.process_time() - c0,
+    return SolverResult.since(
+        t0, c0, x=normalised_strategy(M), fun=err, status=status,
+        message=f"best of {runs} L-BFGS-B runs from {len(starts)} starts: {message}", nit=nit,
         extra={"start_errors": start_errors, "run_errors": run_errors, "runs": runs, "best_run_iterations": best_nit},
     )

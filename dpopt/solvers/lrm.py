@@ -753,15 +753,9 @@ def solve_lrm(
     fun = float(np.vdot(B, B))
     # The run that produced the returned pair (None when a start that never ran is returned).
     src = best if "beta" in best else next((u for u in runs if u["start"] == best["start"]), None)
-    return SolverResult(
-        x=(B, L),
-        fun=fun,
-        status=status,
-        message=message,
-        nit=sum(u["nit"] for u in runs),
+    return SolverResult.since(
+        t_wall, t_cpu, x=(B, L), fun=fun, status=status, message=message, nit=sum(u["nit"] for u in runs),
         ninner=sum(u["ninner"] for u in runs),
-        wall_seconds=time.perf_counter() - t_wall,
-        cpu_seconds=time.process_time() - t_cpu,
         extra={
             "residual": resid,
             "rel_residual": resid / normW,

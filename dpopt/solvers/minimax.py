@@ -341,17 +341,9 @@ def solve_minimax(
             break
     X_best = _gram(best_X, U)
     X_best /= max(float(np.diag(X_best).max()), 1.0)
-    return SolverResult(
-        x=X_best,
-        fun=upper,
-        status=status,
-        message=message,
-        nit=nit,
-        ninner=n_solves,
-        wall_seconds=time.perf_counter() - t_wall,
-        cpu_seconds=time.process_time() - t_cpu,
-        dual_bound=lower,
-        gap=relative_gap(upper, lower),
+    return SolverResult.since(
+        t_wall, t_cpu, x=X_best, fun=upper, status=status, message=message, nit=nit, ninner=n_solves,
+        dual_bound=lower, gap=relative_gap(upper, lower),
         extra={
             "u": best_u,
             "variances": best_var * c,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +46,11 @@ class SolverResult:
     dual_bound: float | None = None
     gap: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def since(cls, t_wall: float, t_cpu: float, **fields: Any) -> SolverResult:
+        """A result whose wall and CPU seconds run from the time.perf_counter / time.process_time readings given."""
+        return cls(wall_seconds=time.perf_counter() - t_wall, cpu_seconds=time.process_time() - t_cpu, **fields)
 
     @property
     def success(self) -> bool:
