@@ -201,29 +201,18 @@ def test_table2_allrange_2_pow_10_published_numbers():
         assert_prints_as(r, 2.000)
 
 
-def test_table2_binary_cube_implicit_equals_dense():
-    """ALLRANGE(2,...,2) with 8 factors (n = 256) keeps the dense check fast; 10 factors run in the slow set."""
-    _, bound, ratios = _table2_row([2] * 8)
-    b, dense = _dense_ratios([2] * 8)
-    rtol = _bound_rtol([2] * 8)
-    assert b == pytest.approx(bound, rel=rtol)
-    np.testing.assert_allclose(ratios, dense, rtol=rtol + 1e-9)
-
-
-@pytest.mark.slow
-def test_table2_allrange_2_pow_10_implicit_equals_dense():
-    _, bound, ratios = _table2_row([2] * 10)
-    b, dense = _dense_ratios([2] * 10)
-    rtol = _bound_rtol([2] * 10)
-    assert b == pytest.approx(bound, rel=rtol)
-    np.testing.assert_allclose(ratios, dense, rtol=rtol + 1e-9)
-
-
-@pytest.mark.slow
-def test_table2_allrange_64_32_implicit_equals_dense():
-    _, bound, ratios = _table2_row([64, 32])
-    b, dense = _dense_ratios([64, 32])
-    rtol = _bound_rtol([64, 32])
+@pytest.mark.parametrize(
+    "sizes",
+    [
+        pytest.param([2] * 8, id="2^8"),  # n = 256 keeps the dense check fast; the others run in the slow set
+        pytest.param([2] * 10, id="2^10", marks=pytest.mark.slow),
+        pytest.param([64, 32], id="64x32", marks=pytest.mark.slow),
+    ],
+)
+def test_table2_allrange_implicit_equals_dense(sizes):
+    _, bound, ratios = _table2_row(sizes)
+    b, dense = _dense_ratios(sizes)
+    rtol = _bound_rtol(sizes)
     assert b == pytest.approx(bound, rel=rtol)
     np.testing.assert_allclose(ratios, dense, rtol=rtol + 1e-9)
 
