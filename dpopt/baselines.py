@@ -7,14 +7,14 @@ total; multi-dimensional versions by Kronecker products.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import scipy.sparse as sp
 
 from dpopt.strategy import Strategy
 from dpopt.validation import check_positive_int
-from dpopt.workloads import Workload, as_workload
+from dpopt.workloads import Kron, Workload, WorkloadTooLargeError, as_workload
 
 
 def identity_strategy(n: int) -> Strategy:
@@ -106,3 +106,26 @@ def kron_strategy(factors: Sequence[Strategy], name: str | None = None) -> Strat
     for f in factors[1:]:
         A = sp.kron(A, sp.csr_matrix(f.A), format="csr")
     return Strategy(A, name=name or "kron(" + ",".join(f.name for f in factors) + ")")
+
+
+def _per_dimension(workload: Workload, make: Callable[[int], Strategy], name: str) -> Strategy:
+    """make(n) for a 1-D workload; the Kronecker product of make(n_i) over a dense Kron workload's factors."""
+    if isinstance(workload, Kron) and len(workload.factors) > 1:
+        return kron_strategy([make(f.n) for f in workload.factors], name=name)
+    return make(workload.n)
+
+
+def baseline_strategies(workload: Workload | np.ndarray) -> dict[str, Strategy]:
+    """The strategy each baseline mechanism (identity, laplace, hierarchical, wavelet) selects on `workload`."""
+    # As dpopt.mechanisms.baselines builds them: laplace is A = W with B = I, per dimension means a
+    # Kronecker product over a dense Kron's factors, hierarchical has its default branching 2.
+    w = as_workload(workload)
+    out = {"identity": identity_strategy(w.n)}
+    if w.has_rows:  # a Gram-only workload has no rows to add noise to: the Laplace mechanism refuses it too
+        try:
+            out["laplace"] = workload_strategy(w)
+        except WorkloadTooLargeError:  # so does the Laplace mechanism
+            pass
+    out["hierarchical"] = _per_dimension(w, lambda n: hierarchical_strategy(n, 2), "hierarchical(b=2)")
+    out["wavelet"] = _per_dimension(w, wavelet_strategy, "wavelet")
+    return out

@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from dpopt.baselines import baseline_strategies
 from dpopt.bounds import svd_bound
 from dpopt.data import Records, data_vector, marginal_tables
 from dpopt.error import ErrorReport, _row_sq_norms, answers_through, expected_error, noisy_answers
@@ -31,6 +32,12 @@ from dpopt.solvers.result import MIN_SOLVER_SECONDS
 from dpopt.strategy import Strategy, StrategyError
 from dpopt.validation import check_finite_vector
 from dpopt.workloads import MAX_DENSE_ENTRIES, Kron, Workload, as_workload
+
+# A baseline replaces the selected strategy only when its exact error is lower by more than this fraction:
+# two evaluations of one error (the selected strategy is often a baseline itself, e.g. the workload's own
+# rows or the identity) differ by the round-off of a trace of n-term sums, far below 1e-12 at dense sizes,
+# so a tie is never decided by the BLAS kernel's summation order.
+TIE_RTOL = 1e-12
 
 # A strategy held through its factors: a Kronecker product, a union of Kronecker products, or marginals.
 FactoredStrategy = KronStrategy | UnionKronStrategy | MarginalStrategy
@@ -430,10 +437,57 @@ class Mechanism(ABC):
         finally:
             if isinstance(options, dict):
                 self.solver_options = options
+        if self._keeps_baselines():
+            sel = self._least_error_selection(sel, workload, privacy)
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         if key is not None and _SHARED is not None:
             _SHARED[key] = (sel, wall, cpu)
         return sel, wall, cpu
+
+    def _keeps_baselines(self) -> bool:
+        """Whether `fit` returns a baseline strategy (`baseline_strategies`) that has less error than its own."""
+        return getattr(self, "baselines", False) is True
+
+    def _baseline_objective(self, report: ErrorReport) -> float:
+        """The error by which the selected strategy and the baselines are ranked: the expected total squared error."""
+        return float(report.total)
+
+    def _least_error_selection(self, sel: Selection, workload: Workload, privacy: Privacy) -> Selection:
+        """`sel`, or the baseline strategy with the least error when that is below sel's by more than TIE_RTOL."""
+        # Every error is dpopt.error.expected_error, the function fit reports, so the returned strategy's
+        # reported error is never above a baseline's.
+        def objective(strategy: Strategy) -> float:
+            """The compared error of one candidate (`_baseline_objective` of its expected error)."""
+            return self._baseline_objective(expected_error(strategy, workload, privacy, rtol=self.support_rtol))
+
+        try:
+            own_err = objective(sel.strategy)
+        except StrategyError:  # unsupported: fit refuses it and says why, rather than hide it behind a baseline
+            return sel
+        baselines = baseline_strategies(workload)
+        # the selected strategy's key is its name, kept apart from the baselines' should the two coincide
+        own = sel.strategy.name if sel.strategy.name not in baselines else f"{self.short_name}:{sel.strategy.name}"
+        errors = {own: own_err}
+        best, best_err = own, own_err
+        for name, strategy in baselines.items():
+            try:
+                errors[name] = objective(strategy)
+            except StrategyError:  # a baseline that cannot answer this workload is no candidate
+                continue
+            if errors[name] < best_err * (1.0 - TIE_RTOL):
+                best, best_err = name, errors[name]
+        extra = {**sel.extra, "baseline_errors": errors, "returned": best}
+        if best == own:
+            message = f"{sel.message}; its error {own_err:.6g} is at most every baseline's".lstrip("; ")
+            return replace(sel, message=message, extra=extra)
+        return replace(
+            sel,
+            strategy=baselines[best],
+            status=f"{sel.status}; {best} returned: lower error than {self.short_name}'s own strategy",
+            message=(f"{sel.message}; {best}'s error {best_err:.6g} is below the error {own_err:.6g} of "
+                     f"{self.short_name}'s own strategy, so {best} is returned").lstrip("; "),
+            extra=extra,
+        )
 
     def _budgeted_options(self, options: dict[str, Any], budget: FitBudget, t0: float) -> dict[str, Any]:
         """`solver_options` with the budget added: how the budget reaches an optimising mechanism's solver.

@@ -18,6 +18,11 @@ own test); with gamma > 0 the absolute residual must be <= gamma, so a relaxed s
 within gamma only. The lower bound `bound_` is P * SVDB(W) for gamma = 0; for gamma > 0 the mechanism
 answers B L rather than W exactly, so `bound_` is P * SVDB(B L), the bound that applies to its noise.
 
+With `baselines=True` (the default) a baseline strategy (identity, noise on queries, hierarchical,
+wavelet; `dpopt.baselines.baseline_strategies`) whose exact error is below the noise error of (B, L) is
+returned instead, and the status names it; a relaxed (B, L) errs by its bias besides, so such a baseline
+is better still. `baselines=False` keeps Algorithm 1's decomposition, as the paper reproductions do.
+
 A solver that stops at its iteration or time cap yields a valid but uncertified strategy: `fit` uses it
 only if it supports the workload, says so in `fit_info_.status` and issues a ConvergenceWarning
 (`on_unconverged="raise"` refuses it instead); a failed solver makes `fit` raise. See
@@ -71,7 +76,10 @@ class LowRankMechanism(Mechanism):
         max_outer: int = 1000,
         solver_options: dict[str, Any] | None = None,
         on_unconverged: str = "warn",
+        baselines: bool = True,
     ) -> None:
+        if not isinstance(baselines, bool):
+            raise MechanismError(f"lrm: baselines must be True or False, got {baselines!r}")
         if rank is not None and (
             isinstance(rank, bool) or not isinstance(rank, numbers.Integral) or int(rank) < 1
         ):
@@ -93,6 +101,8 @@ class LowRankMechanism(Mechanism):
         self.max_outer = max_outer
         self.solver_options = dict(solver_options or {})
         self.on_unconverged = check_policy(on_unconverged, "lrm")
+        # True: a baseline strategy with less error than (B, L) is returned instead (Mechanism._least_error_selection)
+        self.baselines = baselines
         # Exact decompositions are accepted at the solver's own residual test; relaxed ones within gamma.
         self.support_rtol = self.tol * (1.0 + 1e-9)
 
@@ -239,7 +249,7 @@ class LowRankMechanism(Mechanism):
         not certified optimal'. progress: see `dpopt.mechanisms.base.FitBudget`.
         """
         super().fit(workload, privacy, time_limit=time_limit, progress=progress)
-        if self.gamma > 0.0:
+        if self.strategy_.gamma > 0.0:  # a returned baseline is exact: its bound is that of W
             B = np.asarray(self.strategy_.B)
             L = np.asarray(self.strategy_.A)
             self.bound_ = privacy.variance_factor * svd_bound(B @ L)

@@ -12,10 +12,13 @@ sensitivity and Laplace noise (the core's `Privacy` decides): the strategy is st
 optimised for L1 sensitivity, and `fit_info_.status` says so ("converged (L2 objective, not optimised for
 eps-DP)"). The L2 optimum can then lose to noise on data: on Adult's age x sex marginal plus the age
 ranges (3825 x 170) its eps-DP mean variance is 353.7 / eps^2 against identity's 110.9 / eps^2. With
-`identity_fallback` (the default for "optimal") the baselines (identity A = I, noise on queries A = W,
-hierarchical, wavelet) are candidates too under eps-DP, the one with the smallest exact eps-DP error is
-returned, and the status names it ("...; identity returned: ..."). The eigen design and the Appendix B solver keep their own strategy by
-default: they reproduce named designs (seed 004's Table 2, the MM baseline of seeds 000 and 001).
+`baselines` (the default for every selected kind) the strategies of the baseline mechanisms
+(`dpopt.baselines.baseline_strategies`: identity, noise on queries, hierarchical, wavelet) are candidates
+too, under either privacy model: the one with the smallest exact error is returned and the status names it
+("...; identity returned: lower error than mm-optimal's own strategy"; `Mechanism._least_error_selection`).
+With objective="max" the candidates are ranked by their largest per-query variance over its target.
+`baselines=False` keeps the named design whatever its error, as the paper reproductions do (seed 004's
+Table 2, the MM baseline of seeds 000 and 001). A given strategy is never replaced.
 
 A strategy Gram X = A^T A determines the (eps, delta) error; under eps-DP the factor A matters through
 sens1(A). `factor="auto"` uses the Cholesky factor under (eps, delta) and, under eps-DP, the factor with
@@ -43,13 +46,12 @@ import scipy.linalg as sla
 import scipy.sparse as sp
 from scipy.optimize import lsq_linear, nnls
 
-from dpopt.baselines import hierarchical_strategy, identity_strategy, wavelet_strategy
-from dpopt.error import expected_error
+from dpopt.error import ErrorReport
 from dpopt.mechanisms.base import Mechanism, MechanismError, Selection
 from dpopt.mechanisms.convergence import check_policy, solver_status
 from dpopt.privacy import Privacy
 from dpopt.solvers.result import CONVERGED, MAX_ITER, SolverResult
-from dpopt.strategy import RANK_RTOL, Strategy, StrategyError
+from dpopt.strategy import RANK_RTOL, Strategy
 from dpopt.validation import check_finite_vector
 from dpopt.workloads import Workload
 
@@ -69,11 +71,6 @@ _HAND_SOLVERS = {
 _CVXPY_MODELS = {"eigen": "eigen_design", "optimal": "mm_approx", "appendix-b": "appendix_b"}
 # A cell is unmeasured when its column of W has squared norm below this fraction of the largest.
 ZERO_COLUMN_RTOL = 1e-14
-# Under eps-DP a baseline replaces the selected strategy only when its exact error is lower by more than
-# this fraction: two evaluations of one error (the selected strategy is often a baseline itself, e.g. the
-# workload's own rows) differ by the round-off of a trace of n-term sums, far below 1e-12 at dense sizes,
-# so a tie is never decided by the BLAS kernel's summation order.
-TIE_RTOL = 1e-12
 # Completion skips a cell whose unused L2 sensitivity 1 - X_jj is at most this. The eigen solver stops
 # at a relative gap of 1e-8, so diag(X) falls short of 1 by that order where the optimum has it equal
 # to 1 (marginals). Completing such a cell adds a direction at eigenvalue c ~ 1e-9 next to W's null
@@ -157,19 +154,6 @@ def _strategy_from_given(strategy: Any) -> Strategy:
     )
 
 
-def _eps_dp_baselines(workload: Workload) -> dict[str, Strategy]:
-    """The baselines an eps-DP selection must never lose to: identity, noise on queries (A = W, when W
-    is explicit), hierarchical and wavelet over the workload's cells."""
-    n = workload.n
-    out = {"identity": identity_strategy(n)}
-    if workload.has_rows:  # a Gram-only workload has no rows to measure
-        out["laplace"] = Strategy(workload.sparse(), name="laplace")
-    if n > 1:
-        out["hierarchical"] = hierarchical_strategy(n)
-        out["wavelet"] = wavelet_strategy(n)
-    return out
-
-
 class MatrixMechanism(Mechanism):
     """Matrix mechanism: strategy A given or selected from W^T W, least-squares (or NNLS) inference (seed 003)."""
 
@@ -184,7 +168,7 @@ class MatrixMechanism(Mechanism):
         solver_options: dict[str, Any] | None = None,
         on_unconverged: str = "warn",
         complete: bool | None = None,
-        identity_fallback: bool | None = None,
+        baselines: bool | None = None,
         objective: str = "sum",
         targets: Any = None,
     ) -> None:
@@ -225,14 +209,12 @@ class MatrixMechanism(Mechanism):
             raise ValueError(f"{self.short_name}: complete=True applies to the eigen-design strategy only")
         # default: complete the eigen design (Li and Miklau), leave the other kinds as their solvers chose
         self.complete = bool(strategy == "eigen" if complete is None else complete)
-        if identity_fallback not in (None, True, False):
-            raise ValueError(
-                f"{self.short_name}: identity_fallback must be True, False or None, got {identity_fallback!r}"
-            )
-        if identity_fallback and not isinstance(strategy, str):
-            raise ValueError(f"{self.short_name}: identity_fallback applies to a selected strategy, not a given one")
-        # default: under eps-DP the convex (eps, delta) optimum competes with identity; the named designs do not
-        self.identity_fallback = bool(strategy == "optimal" if identity_fallback is None else identity_fallback)
+        if baselines not in (None, True, False):
+            raise ValueError(f"{self.short_name}: baselines must be True, False or None, got {baselines!r}")
+        if baselines and not isinstance(strategy, str):
+            raise ValueError(f"{self.short_name}: baselines applies to a selected strategy, not a given one")
+        # default: every selected strategy competes with the baselines; a given strategy is the caller's choice
+        self.baselines = bool(isinstance(strategy, str) if baselines is None else baselines)
 
     def kronecker_policy(self, privacy: Privacy) -> str | None:
         """The convex optimum per factor always: on a Kronecker workload it is the product of the factors'
@@ -271,17 +253,12 @@ class MatrixMechanism(Mechanism):
         X[np.ix_(kept, kept)] = Xk
         A, used = factor_gram(X, self.factor, privacy)
         chosen = Strategy(A, name=str(self.strategy))
-        eps_dp_errors: dict[str, float] = {}
         if privacy.is_pure:
             status = f"{status} (L2 objective, not optimised for eps-DP)"
             message = (
                 f"{message}; selected for L2 sensitivity (the (eps, delta) objective) and evaluated under "
                 "eps-DP with L1 sensitivity and Laplace noise: valid, not optimised for eps-DP"
             ).lstrip("; ")
-            if self.identity_fallback:
-                chosen, status, message, eps_dp_errors = self._better_than_identity(
-                    chosen, workload, privacy, status, message
-                )
         extra: dict[str, Any] = {
             "factor": used,
             "kind": self.strategy,
@@ -293,9 +270,6 @@ class MatrixMechanism(Mechanism):
             # in the units of workload.gram(): times P(eps, delta), a lower bound on the Gaussian error.
             "unit_lower_bound": None if result.dual_bound is None else float(result.dual_bound) * scale,
             "solver_wall_seconds": float(result.wall_seconds),
-            # eps-DP only, with identity_fallback: exact total error of each candidate, and the one returned
-            "eps_dp_candidate_errors": eps_dp_errors,
-            "returned": chosen.name,
         }
         return Selection(
             chosen,
@@ -321,62 +295,26 @@ class MatrixMechanism(Mechanism):
         status, message = solver_status(result, self.short_name, self.on_unconverged)
         A, used = factor_gram(np.asarray(result.x, dtype=float), self.factor, privacy)
         chosen = Strategy(A, name="minimax")
-        eps_dp_errors: dict[str, float] = {}
         if privacy.is_pure:
             status = f"{status} (L2 objective, not optimised for eps-DP)"
-            if self.identity_fallback:
-                chosen, status, message, eps_dp_errors = self._better_than_identity(
-                    chosen, workload, privacy, status, message, objective="max", targets=targets
-                )
         return Selection(
             chosen, solver="solve_minimax", status=status, iterations=int(result.nit), gap=result.gap,
             message=message,
             extra={"objective": "max", "factor": used, "kind": "optimal", "inference": self.inference,
                    # certified lower bound on max_i Var_i / c_i at sens2 = 1 and unit noise
                    "unit_lower_bound": None if result.dual_bound is None else float(result.dual_bound),
-                   "solver_wall_seconds": float(result.wall_seconds),
-                   "eps_dp_candidate_errors": eps_dp_errors, "returned": chosen.name},
+                   "solver_wall_seconds": float(result.wall_seconds)},
         )
 
-    def _better_than_identity(
-        self, selected: Strategy, workload: Workload, privacy: Privacy, status: str, message: str,
-        objective: str = "sum", targets: Any = 1.0,
-    ) -> tuple[Strategy, str, str, dict[str, float]]:
-        """Under eps-DP, the selected strategy or a baseline (identity, the workload itself, hierarchical,
-        wavelet), whichever has the smallest exact error (a tie within TIE_RTOL keeps the selected one).
-
-        All errors come from `dpopt.error.expected_error`, the function `fit` reports, so the returned
-        strategy's error is never above a baseline's. Ties keep the selected strategy. A selected strategy
-        that does not support the workload is left to `fit`, which refuses it.
-        """
-        def error(s: Strategy) -> float:
-            """The objective compared: total error, or max_i Var(q_i) / c_i for objective 'max'."""
-            rep = expected_error(s, workload, privacy, rtol=self.support_rtol)
-            return float(rep.total) if objective == "sum" else float(np.max(rep.per_query / targets))
-
-        try:
-            e_sel = error(selected)
-        except StrategyError:
-            return selected, status, message, {}
-        errors = {str(self.strategy): float(e_sel)}
-        best_name, best, best_err = str(self.strategy), selected, float(e_sel)
-        for name, cand in _eps_dp_baselines(workload).items():
-            try:
-                e = error(cand)
-            except StrategyError:
-                continue
-            errors[name] = e
-            if e < best_err * (1.0 - TIE_RTOL):
-                best_name, best, best_err = name, cand, e
-        if best is not selected:
-            status = f"{status}; {best_name} returned: lower eps-DP error"
-            message = (
-                f"{message}; under eps-DP the L2-optimal strategy's error {e_sel:.6g} exceeds {best_name}'s "
-                f"{best_err:.6g}, so {best_name} is returned"
-            )
-            return best, status, message, errors
-        message = f"{message}; its eps-DP error {e_sel:.6g} is at most every baseline's"
-        return selected, status, message, errors
+    def _baseline_objective(self, report: ErrorReport) -> float:
+        """The total error, or for objective "max" the largest per-query variance over its target, max_i Var_i / c_i."""
+        if self.objective == "sum":
+            return float(report.total)
+        per_query = report.per_query
+        if per_query is None:  # no listable rows: no per-query variances to rank by
+            return float("inf")
+        targets = 1.0 if self.targets is None else np.asarray(self.targets, dtype=float)
+        return float(np.max(per_query / targets))
 
     def _run_solver(self, G: np.ndarray, workload: Workload) -> tuple[SolverResult, str, str]:
         """Run the hand-written solver or the CVXPY model for self.strategy on the normalised Gram G.
