@@ -94,7 +94,7 @@ def _embed(Q: np.ndarray, Dj: list[int], n: int) -> np.ndarray:
 
 
 def _fit(W, seed):
-    return OrthogonalMechanism(seed=seed).fit(W, Privacy(EPS))
+    return OrthogonalMechanism(seed=seed, baselines=False).fit(W, Privacy(EPS))  # the paper's algorithm itself
 
 
 def _sum_rtol(W: np.ndarray) -> float:
