@@ -26,7 +26,7 @@ from dpopt.implicit.marginal_algebra import residual_rank
 from dpopt.implicit.marginal_strategy import MarginalStrategy
 from dpopt.implicit.strategy import KronStrategy
 from dpopt.implicit.union_strategy import UnionKronStrategy
-from dpopt.implicit.workloads import KronWorkload, MarginalsWorkload, as_implicit
+from dpopt.implicit.workloads import ImplicitWorkload, KronWorkload, MarginalsWorkload, as_implicit
 from dpopt.privacy import Perturb, Privacy, research_perturb
 from dpopt.solvers.result import MIN_SOLVER_SECONDS
 from dpopt.strategy import Strategy, StrategyError
@@ -399,14 +399,7 @@ class Mechanism(ABC):
         if separable and all(isinstance(v, float) for v in lows):
             # in units of prod_i trace-Gram units, i.e. of kron.gram(): a lower bound on the product problem
             extra["unit_lower_bound"] = math.prod(lows)  # type: ignore[arg-type]
-        self.workload_ = kron
-        self.input_workload_ = given  # as given (e.g. bound to a data Domain, with row labels), for release
-        self.privacy_ = privacy
-        self.strategy_ = strategy  # type: ignore[assignment]
-        self._reconstruction = None
-        self.expected_error_ = err
-        self.bound_ = privacy.variance_factor * kron.svd_bound()
-        self.fit_info_ = FitInfo(
+        return self._adopt_factored(kron, given, privacy, strategy, err, FitInfo(
             solver=f"{infos[0].solver} per factor",
             status=status,
             iterations=sum(i.iterations for i in infos),
@@ -416,7 +409,19 @@ class Mechanism(ABC):
             message="; ".join(f"factor {k} ({f.name}): {i.message}" for k, (f, i) in
                               enumerate(zip(kron.factors, infos, strict=True)) if i.message),
             extra=extra,
-        )
+        ))
+
+    def _adopt_factored(self, view: ImplicitWorkload, given: Workload, privacy: Privacy, strategy: FactoredStrategy,
+                        err: ErrorReport, info: FitInfo) -> Mechanism:
+        """Keep a strategy selected through the workload's structure (`view`), its exact error and P SVDB(W)."""
+        self.workload_ = view
+        self.input_workload_ = given  # as given (e.g. bound to a data Domain, with row labels), for release
+        self.privacy_ = privacy
+        self.strategy_ = strategy  # type: ignore[assignment]
+        self._reconstruction = None
+        self.expected_error_ = err
+        self.bound_ = privacy.variance_factor * view.svd_bound()
+        self.fit_info_ = info
         return self
 
     def _timed_select(self, workload: Workload, privacy: Privacy) -> tuple[Selection, float, float]:
