@@ -21,6 +21,7 @@ from dpopt.bounds import L2_BOUND_MAX_CELLS, certified_l2_bound
 from dpopt.mechanisms.base import MechanismError, check_time_limit
 from dpopt.mechanisms.convergence import ConvergenceWarning
 from dpopt.mechanisms.registry import (
+    BASELINE_CHECK_EIGHS,
     FIXED_COST_EIGHS,
     MECHANISMS,
     available_mechanisms,
@@ -132,9 +133,12 @@ def estimated_fixed_seconds(name: str, workload: Workload, privacy: Privacy,
     eighs = FIXED_COST_EIGHS.get(name)
     if eighs is None:
         return None
-    kron, _ = make_mechanism(name).factor_plan(workload, privacy)
+    mech = make_mechanism(name)
+    kron, _ = mech.factor_plan(workload, privacy)
     if kron is None and workload.n**2 > MAX_DENSE_ENTRIES:
         return None  # the fit refuses at once, saying why
+    if getattr(mech, "baselines", False):
+        eighs += BASELINE_CHECK_EIGHS
     sizes = [workload.n] if kron is None else [f.n for f in kron.factors]
     return eighs * sum(eigh(n) for n in sizes)
 

@@ -113,13 +113,14 @@ def test_tiny_time_limit_cli_every_iterative_row_capped_or_skipped(capsys):
 
 
 def test_estimate_above_the_limit_skips_with_the_estimate(capsys, monkeypatch):
-    # A probe of 10 s per eigendecomposition: Appendix B's 55 of them exceed the 60 s default.
+    # A probe of 10 s per eigendecomposition: Appendix B's 55 of them and the baseline check's 3 exceed the
+    # 60 s default.
     monkeypatch.setattr(compare_mod, "eigh_seconds", lambda n: 10.0)
     code, out, err = run(capsys, "-w", "allrange:16", "-e", "1", "-m", "identity,mm-appendix-b", "-f", "json")
     assert code == 0
     rec = {r["mechanism"]: r for r in json.loads(out)}["mm-appendix-b"]
-    assert rec["status"].startswith("skipped: would take about 550 s") and "--time-limit" in rec["status"]
-    assert "skipping mm-appendix-b on allrange(16): estimated 550 s" in err
+    assert rec["status"].startswith("skipped: would take about 580 s") and "--time-limit" in rec["status"]
+    assert "skipping mm-appendix-b on allrange(16): estimated 580 s" in err
 
 
 def test_budget_options_keep_the_callers_own_limit_and_callback():

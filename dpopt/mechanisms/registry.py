@@ -35,6 +35,10 @@ COST_ORDER: tuple[str, ...] = (
 # converged fit took 12 at n = 2048); mm-appendix-b 55 (n = 1024) and 50 (n = 2048). LRM estimates its
 # own from one SVD of W (`dpopt.mechanisms.lowrank.FIXED_COST_SVDS`).
 FIXED_COST_EIGHS: dict[str, float] = {"eigen": 15.0, "mm-optimal": 31.0, "mm-appendix-b": 55.0}
+# The baseline check of a mechanism with baselines=True (the exact errors of identity, laplace, hierarchical
+# and wavelet, and of the selected strategy once more): measured 1.5-2.4 eigendecompositions at n = 1024-2048
+# with one BLAS thread; counted as 3 in the estimate.
+BASELINE_CHECK_EIGHS = 3.0
 
 
 def by_cost(names: list[str]) -> list[str]:
