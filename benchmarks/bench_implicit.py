@@ -59,7 +59,12 @@ def _privacy(noise: str) -> Any:
 
 
 def case_adult(k: int, noise: str) -> dict[str, Any]:
-    from dpopt.implicit.adult import adult_paths, marginals_workload, release, table_counter
+    from dpopt.implicit.adult import (
+        adult_paths,
+        marginals_workload,
+        research_answers,
+        table_counter,
+    )
     from dpopt.implicit.optimize import hdmm_rmse, select_strategy
 
     priv = _privacy(noise)
@@ -68,7 +73,7 @@ def case_adult(k: int, noise: str) -> dict[str, Any]:
     sel, wall, cpu = _timed(lambda: select_strategy(w, priv))
     df, read_wall, _ = _timed(lambda: pd.read_csv(csv))
     tables = table_counter(df, w.attribute_names or [], list(w.domain_sizes))
-    (_, rel), rel_wall, rel_cpu = _timed(lambda: release(sel, w, tables, priv, np.random.default_rng(0)))
+    (_, rel), rel_wall, rel_cpu = _timed(lambda: research_answers(sel, w, tables, priv, np.random.default_rng(0)))
     return {
         "log10_cells": math.log10(w.n), "queries": w.m, "strategy": sel.solver, "status": sel.status,
         "expected_total_error": sel.error.total, "rmse": sel.error.rmse, "hdmm_rmse": hdmm_rmse(sel, priv),

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 from conftest import require_shared, shared_root
 
-from dpopt.implicit.adult import adult_paths, marginals_workload, release, table_counter
+from dpopt.implicit.adult import adult_paths, marginals_workload, research_answers, table_counter
 from dpopt.implicit.marginal_opt import residual_planner
 from dpopt.implicit.mechanisms import HDMMMechanism
 from dpopt.implicit.optimize import select_strategy
@@ -45,7 +45,7 @@ def test_adult_two_way_release_matches_expected_error():
     g = df.groupby(["age", "sex"]).size()
     assert t.sum() == len(df)
     assert all(t[a, s] == n for (a, s), n in g.items())
-    noisy, rel = release(sel, w, tables, priv, np.random.default_rng(0))
+    noisy, rel = research_answers(sel, w, tables, priv, np.random.default_rng(0))
     assert len(noisy) == 91 and noisy[0].shape == (85, 9)
     # 148,137 noisy cells: the realised total squared error concentrates around its expectation. Its
     # relative SD, over 30 seeds of this release, is 0.59%; 3% is 4 SDs with 25% allowed for the error of
@@ -60,7 +60,7 @@ def test_adult_eps_dp_release():
     sel = select_strategy(w, priv, restarts=1)
     df = pd.read_csv(CSV)
     tables = table_counter(df, w.attribute_names, list(w.domain_sizes))
-    _, rel = release(sel, w, tables, priv, np.random.default_rng(1))
+    _, rel = research_answers(sel, w, tables, priv, np.random.default_rng(1))
     # Laplace noise has heavier tails: the relative SD over 30 seeds is 1.0%; 5% is 4 SDs with 25% allowed
     # for the error of the SD estimate
     assert rel["realised_total_sq_error"] == pytest.approx(sel.error.total, rel=0.05)

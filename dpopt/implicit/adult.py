@@ -1,4 +1,4 @@
-"""All k-way marginals over the UCI Adult domain: strategy selection, expected error and a release on the table.
+"""All k-way marginals over the UCI Adult domain: the workload, its tables, and research-mode answers on the table.
 
 The domain (14 attributes, about 6.4e17 cells) comes from a JSON file {attribute: size}; the data from a CSV
 of integer codes. Marginal tables are counted straight from the DataFrame (one bincount per measured
@@ -13,16 +13,14 @@ import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from dpopt.implicit.marginal_strategy import MarginalStrategy, TableFn
-from dpopt.implicit.optimize import ImplicitSelection, select_strategy
+from dpopt.implicit.optimize import ImplicitSelection
 from dpopt.implicit.workloads import MarginalsWorkload
 from dpopt.privacy import Privacy
-from dpopt.validation import as_generator
 
 # The shared data folder beside the checkout (override with DPOPT_DATA_DIR).
 DEFAULT_DATA_DIR = Path(
@@ -89,17 +87,19 @@ def table_counter(df: pd.DataFrame, names: Sequence[str], sizes: Sequence[int]) 
     return tables
 
 
-def release(
+def research_answers(
     selection: ImplicitSelection,
     workload: MarginalsWorkload,
     tables: TableFn,
     privacy: Privacy,
     rng: np.random.Generator,
 ) -> tuple[list[np.ndarray], dict[str, float]]:
-    """Noisy answers to every workload marginal, and the realised total squared error against the truth."""
+    """Research mode: noisy answers to every workload marginal with numpy noise from rng (no secure sampler, no
+    budget accounting), and their realised total squared error against the truth, for checking the expected
+    error on real tables. A release goes through `dpopt.release.release` (`dpopt answer`)."""
     strat = selection.strategy
     if not isinstance(strat, MarginalStrategy):
-        raise ValueError("release needs a marginal strategy")
+        raise ValueError("research_answers needs a marginal strategy")
     t0 = time.perf_counter()
     noisy = strat.release(tables, workload, privacy, rng)
     wall = time.perf_counter() - t0
@@ -107,34 +107,3 @@ def release(
     for s, w, est in zip(workload.subsets, workload.weights, noisy, strict=True):
         sq += float(w) ** 2 * float(np.sum((est - tables(s)) ** 2))
     return noisy, {"release_seconds": wall, "realised_total_sq_error": sq}
-
-
-def run_adult(
-    k: int,
-    privacy: Privacy,
-    data_dir: str | Path = DEFAULT_DATA_DIR,
-    seed: int | np.random.Generator | None = 0,
-) -> dict[str, Any]:
-    """Select, evaluate and release all k-way Adult marginals; one flat record of the outcome."""
-    domain_path, csv_path = adult_paths(data_dir)
-    workload = marginals_workload(domain_path, k)
-    sel = select_strategy(workload, privacy)
-    names = workload.attribute_names or []
-    df = pd.read_csv(csv_path)
-    tables = table_counter(df, names, list(workload.domain_sizes))
-    _, rel = release(sel, workload, tables, privacy, as_generator(seed))
-    return {
-        "workload": workload.name,
-        "cells": float(workload.n),
-        "queries": workload.m,
-        "epsilon": privacy.epsilon,
-        "delta": privacy.delta,
-        "solver": sel.solver,
-        "status": sel.status,
-        "expected_total_error": sel.error.total,
-        "rmse": sel.error.rmse,
-        "bound": sel.bound,
-        "ratio_to_bound": sel.error.total / sel.bound,
-        "select_seconds": sel.wall_seconds,
-        **rel,
-    }
