@@ -91,8 +91,8 @@ def optimize_l1_strategy(
     """Least trace(G (A^T A)^{-1}) over non-negative strategies with sens1(A) = 1, from each start (module docstring).
 
     G: (n, n) workload Gram. starts: non-negative strategies (r_k x n), each of full column rank, each refined
-    by one L-BFGS-B run over all its entries. time_limit: wall seconds for all runs (a run past it stops
-    with its best iterate; later starts are skipped). Returns x = the best A found (columns of unit L1
+    by one L-BFGS-B run over all its entries. time_limit: wall seconds for all runs, each start getting an equal
+    share of the time left (a run past its share stops with its best iterate). Returns x = the best A found (columns of unit L1
     norm), fun = its trace(G (A^T A)^{-1}) by `l1_strategy_error`, extra["start_errors"] and
     extra["run_errors"] for every start run (its start's error and the error it reached).
     """
@@ -121,7 +121,9 @@ def optimize_l1_strategy(
         f0 = l1_strategy_loss_and_grad(x0, Gs, r)[0]
         if not math.isfinite(f0):
             raise ValueError(f"start {k} is not of full column rank")
-        monitor = LbfgsMonitor(x0, deadline, progress, f"l1 strategy start {k + 1}/{len(starts)}", nit)
+        # each start gets an equal share of the time left, so a slow first run cannot crowd out the others
+        share = None if deadline is None else time.perf_counter() + (deadline - time.perf_counter()) / (len(starts) - k)
+        monitor = LbfgsMonitor(x0, share, progress, f"l1 strategy start {k + 1}/{len(starts)}", nit)
         monitor.best_fun = f0
         res = minimize(l1_strategy_loss_and_grad, x0, args=(Gs, r), jac=True, method="L-BFGS-B",
                        bounds=[(0.0, None)] * x0.size, callback=monitor,
