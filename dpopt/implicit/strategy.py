@@ -319,5 +319,6 @@ class KronStrategy:
         A = sp.csr_matrix(self.factors[0])
         for M in self.factors[1:]:
             A = sp.kron(A, sp.csr_matrix(M), format="csr")
-        return Strategy(A, name=self.name)
+        B = sp.identity(r, format="csr") if self.direct else None
+        return Strategy(A, B=B, name=self.name)
 

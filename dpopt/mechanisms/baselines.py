@@ -37,6 +37,11 @@ class LaplaceMechanism(_KroneckerBaseline):
 
     short_name = "laplace"
 
+    def kronecker_policy(self, privacy: Privacy) -> str | None:
+        """Always per factor: A = W is the Kronecker product of the factors' rows, whose product may have
+        too many rows to list even on a small domain (AllRange(64) x AllRange(32): 1.1e6 x 2048)."""
+        return "separable"
+
     def _select(self, workload: Workload, privacy: Privacy) -> Selection:
         return Selection(workload_strategy(workload))
 
