@@ -31,7 +31,7 @@ from dpopt.privacy import Perturb, Privacy, research_perturb
 from dpopt.solvers.result import MIN_SOLVER_SECONDS
 from dpopt.strategy import Strategy, StrategyError
 from dpopt.validation import check_finite_vector
-from dpopt.workloads import MAX_DENSE_ENTRIES, Kron, Workload, as_workload
+from dpopt.workloads import MAX_DENSE_ENTRIES, Kron, Workload, WorkloadTooLargeError, as_workload
 
 # A baseline replaces the selected strategy only when its exact error is lower by more than this fraction:
 # two evaluations of one error (the selected strategy is often a baseline itself, e.g. the workload's own
@@ -511,6 +511,16 @@ class Mechanism(ABC):
         if budget.progress is not None and not str(getattr(self, "solver", "")).startswith("cvxpy"):
             out["callback"] = _solver_callback(budget.progress, options.get("callback"))
         return out
+
+    def _workload_rows(self, workload: Workload, need: str) -> np.ndarray:
+        """W as a dense (m, n) array for a selection that needs its rows (`need` says why), or MechanismError."""
+        if not workload.has_rows:
+            raise MechanismError(f"{self.short_name}: workload {workload.name} is known only through its Gram matrix "
+                                 f"(or is too large to list); {need}")
+        try:
+            return workload.matrix()
+        except WorkloadTooLargeError as exc:
+            raise MechanismError(f"{self.short_name}: cannot materialise workload {workload.name}: {exc}") from None
 
     @abstractmethod
     def _select(self, workload: Workload, privacy: Privacy) -> Selection:

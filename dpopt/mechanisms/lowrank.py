@@ -52,7 +52,7 @@ from dpopt.privacy import Privacy
 from dpopt.solvers.result import TIME_LIMIT
 from dpopt.strategy import Strategy
 from dpopt.validation import check_finite_vector
-from dpopt.workloads import Workload, WorkloadTooLargeError, as_workload
+from dpopt.workloads import Workload, as_workload
 
 SOLVERS = ("alm", "cvxpy")
 # Under a time limit: seconds of work the limit does not cut, in units of one thin SVD of W (the
@@ -108,15 +108,7 @@ class LowRankMechanism(Mechanism):
 
     # -- selection ---------------------------------------------------------------------------------
     def _select(self, workload: Workload, privacy: Privacy) -> Selection:
-        if not workload.has_rows:
-            raise MechanismError(
-                f"lrm: workload {workload.name} is known only through its Gram matrix (or is too large to "
-                "list); Formula (7) needs the rows of W to build B"
-            )
-        try:
-            W = workload.matrix()
-        except WorkloadTooLargeError as exc:
-            raise MechanismError(f"lrm: cannot materialise workload {workload.name}: {exc}") from None
+        W = self._workload_rows(workload, "Formula (7) needs the rows of W to build B")
         from dpopt.solvers.lrm import default_rank, numerical_rank, solve_lrm
 
         t0 = time.perf_counter()

@@ -44,7 +44,7 @@ from dpopt.mechanisms.base import Mechanism, MechanismError, Selection
 from dpopt.privacy import Privacy
 from dpopt.solvers.orthogonal import _BASES, OMStrategy, om_expected_error, orthogonal_strategy
 from dpopt.strategy import Strategy
-from dpopt.workloads import Workload, WorkloadTooLargeError
+from dpopt.workloads import Workload
 
 # Theorem 5 and the core's expected error are the same formula; they must agree to rounding.
 THEOREM5_RTOL = 1e-9
@@ -106,15 +106,7 @@ class OrthogonalMechanism(Mechanism):
 
     def _select(self, workload: Workload, privacy: Privacy) -> Selection:
         """Algorithms 2 and 3 through `dpopt.solvers.orthogonal.orthogonal_strategy`."""
-        if not workload.has_rows:
-            raise MechanismError(
-                f"om: workload {workload.name} is known only through its Gram matrix (or is too large to "
-                "list); Algorithm 2 needs every query's row to read its domain (non-zero cells)"
-            )
-        try:
-            W = workload.matrix()
-        except WorkloadTooLargeError as exc:
-            raise MechanismError(f"om: cannot materialise workload {workload.name}: {exc}") from None
+        W = self._workload_rows(workload, "Algorithm 2 needs every query's row to read its domain (non-zero cells)")
         try:
             om = orthogonal_strategy(
                 W, rng=self.seed, tol=self.tol, basis=self.basis, residual_tol=self.residual_tol  # type: ignore[arg-type]
