@@ -87,9 +87,10 @@ def optimize_pidentity(
     `pidentity_error`), status CONVERGED when the best run met L-BFGS-B's tolerance;
     extra["losses"] lists every restart's final loss as the optimiser saw it (Woodbury form).
 
-    deadline: a `time.perf_counter()` value. A run past it stops at its next iteration with its best
-    iterate so far, and later restarts are skipped (the first run always makes one iteration, so there is
-    a Theta to return; every Theta >= 0 is a valid strategy); the status is then TIME_LIMIT.
+    deadline: a `time.perf_counter()` value, shared equally among the restarts left. A run past its share
+    stops at its next iteration with its best iterate so far; restarts past the deadline are skipped (the
+    first run always makes one iteration, so there is a Theta to return; every Theta >= 0 is a valid
+    strategy); the status is then TIME_LIMIT.
     progress: called after each L-BFGS-B iteration with {"iteration", "stage"}.
     """
     G = np.asarray(G, dtype=float)
@@ -112,7 +113,10 @@ def optimize_pidentity(
             capped = True
             break
         x0 = rng.random(p * n)
-        monitor = LbfgsMonitor(x0, deadline, progress, f"p-identity restart {k + 1}/{restarts}", nit)
+        # each restart gets an equal share of the time left: the spread between restarts (1e-3 relative) is
+        # far larger than what a long tail of iterations gains (1e-5), so no restart may crowd out the rest
+        share = None if deadline is None else time.perf_counter() + (deadline - time.perf_counter()) / (restarts - k)
+        monitor = LbfgsMonitor(x0, share, progress, f"p-identity restart {k + 1}/{restarts}", nit)
         res = minimize(
             pidentity_loss_and_grad,
             x0,
