@@ -14,7 +14,7 @@ Errors are per unit of 2/eps^2 (sens1 = 1): trace(G (A^T A)^{-1}). The identity 
 is listed for scale. Each configuration runs once (the frontier runs for minutes and is deterministic
 given its starts; CPU seconds are reported beside wall seconds, one BLAS thread).
 
-    .venv/bin/python -m benchmarks.bench_frontier [--sizes 256,1024,2048] [--append]
+    .venv/bin/python -m benchmarks.bench_frontier [--sizes 64,256,1024,2048] [--append] [--out frontier]
 
 writes benchmarks/results/frontier.csv and benchmarks/results/frontier.md.
 """
@@ -63,7 +63,7 @@ def run(name: str, n: int, args: argparse.Namespace) -> dict:
     return {
         "workload": name, "n": n, "p": p, "restarts": args.restarts,
         "identity_error": float(np.trace(G)),
-        "opt0_error": opt0.fun, "opt0_status": opt0.status, "opt0_wall_s": opt0_wall, "opt0_cpu_s": opt0_cpu,
+        "opt0_error": opt0.fun, "opt0_status": opt0.status, "opt0_restarts_run": opt0.extra["restarts_run"], "opt0_wall_s": opt0_wall, "opt0_cpu_s": opt0_cpu,
         "frontier_error": fr.fun, "frontier_status": fr.status, "frontier_wall_s": fr_wall, "frontier_cpu_s": fr_cpu,
         "frontier_runs": fr.extra["runs"], "best_start": best_start,
         **{f"from_{s}": (runs[i] if i < len(runs) else np.nan) for i, s in enumerate(START_NAMES)},
@@ -77,11 +77,11 @@ def write(rows: list[dict], args: argparse.Namespace) -> None:
     """The CSV and a markdown table of the main columns."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     df = pd.DataFrame(rows)
-    df.to_csv(RESULTS / "frontier.csv", index=False)
-    cols = ["workload", "n", "opt0_error", "opt0_status", "opt0_cpu_s", "frontier_error", "frontier_status",
+    df.to_csv(RESULTS / f"{args.out}.csv", index=False)
+    cols = ["workload", "n", "opt0_error", "opt0_status", "opt0_restarts_run", "opt0_cpu_s", "frontier_error", "frontier_status",
             "frontier_cpu_s", "best_start", "frontier_over_opt0", "bound", "bound_kind", "opt0_over_bound",
             "frontier_over_bound"]
-    with open(RESULTS / "frontier.md", "w") as f:
+    with open(RESULTS / f"{args.out}.md", "w") as f:
         f.write("# The eps-DP frontier: full-strategy L1 optimisation against OPT_0 (benchmarks/bench_frontier.py)\n\n")
         f.write(
             f"Errors per unit of 2/eps^2 (sens1 = 1). OPT_0: p-Identity, p = n/16, {args.restarts} restarts, "
@@ -94,18 +94,19 @@ def write(rows: list[dict], args: argparse.Namespace) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--sizes", default="256,1024,2048")
+    ap.add_argument("--sizes", default="64,256,1024,2048")
     ap.add_argument("--workloads", default="all-range,prefix")
     ap.add_argument("--restarts", type=int, default=4)
     ap.add_argument("--opt0-limit", type=float, default=600.0, help="wall seconds for OPT_0's restarts")
     ap.add_argument("--frontier-limit", type=float, default=600.0, help="wall seconds for the frontier above n = 256")
     ap.add_argument("--small-limit", type=float, default=240.0, help="wall seconds for the frontier at n <= 256")
     ap.add_argument("--bound-limit", type=float, default=600.0, help="wall seconds for the certified bound's solver")
-    ap.add_argument("--append", action="store_true", help="keep the rows already in results/frontier.csv")
+    ap.add_argument("--append", action="store_true", help="keep the rows already in results/OUT.csv")
+    ap.add_argument("--out", default="frontier", help="results/OUT.csv and results/OUT.md (default frontier)")
     args = ap.parse_args()
     rows: list[dict] = []
-    if args.append and (RESULTS / "frontier.csv").exists():
-        rows = pd.read_csv(RESULTS / "frontier.csv").to_dict("records")
+    if args.append and (RESULTS / f"{args.out}.csv").exists():
+        rows = pd.read_csv(RESULTS / f"{args.out}.csv").to_dict("records")
     with threadpool_limits(limits=1, user_api="blas"):
         for n in (int(s) for s in args.sizes.split(",")):
             for name in args.workloads.split(","):

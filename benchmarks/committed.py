@@ -79,8 +79,8 @@ OUTPUTS: tuple[Output, ...] = (
     _bench("minimax", ("minimax.md", "minimax.csv"), 1.0),
     _bench("orthogonal", ("orthogonal.md", "orthogonal.csv"), 1.0),
     _bench("kronecker", ("kronecker.md", "kronecker.csv"), 0.1),
-    _bench("frontier", ("frontier.md", "frontier.csv"), 2.0, "--sizes", "256,1024,2048", "--opt0-limit", "300",
-           "--frontier-limit", "450"),
+    _bench("frontier", ("frontier.md", "frontier.csv"), 2.0, "--sizes", "64,256,1024,2048", "--opt0-limit", "240",
+           "--frontier-limit", "360"),
 )
 # Not regenerated here: lrm_paper_scale.md and om_paper_scale.md (and their folders), the papers' figures at
 # full size through `dpopt reproduce ... --full` (days of CPU); their headers give the commands.
