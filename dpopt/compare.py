@@ -316,7 +316,7 @@ def pure_relaxation_bound(workload: Workload) -> float | None:
         res = solve(mm_pure.build(workload, zero_columns="drop"), "clarabel")
     except (FormulationError, ValueError):
         return None
-    value = res.dual_objective if res.dual_objective is not None else None
+    value = res.dual_objective
     return None if value is None or not value > 0 else float(value) * (1.0 - RELAXATION_SHRINK)
 
 

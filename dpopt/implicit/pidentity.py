@@ -20,7 +20,7 @@ import numpy as np
 from scipy.linalg import cho_factor, cho_solve
 from scipy.optimize import minimize
 
-from dpopt.solvers.lbfgs import LbfgsMonitor
+from dpopt.solvers.lbfgs import LbfgsMonitor, deadline_share
 from dpopt.solvers.result import CONVERGED, MAX_ITER, STALLED, TIME_LIMIT, SolverResult
 from dpopt.validation import as_generator
 
@@ -115,8 +115,8 @@ def optimize_pidentity(
         x0 = rng.random(p * n)
         # each restart gets an equal share of the time left: the spread between restarts (1e-3 relative) is
         # far larger than what a long tail of iterations gains (1e-5), so no restart may crowd out the rest
-        share = None if deadline is None else time.perf_counter() + (deadline - time.perf_counter()) / (restarts - k)
-        monitor = LbfgsMonitor(x0, share, progress, f"p-identity restart {k + 1}/{restarts}", nit)
+        monitor = LbfgsMonitor(x0, deadline_share(deadline, restarts - k), progress,
+                               f"p-identity restart {k + 1}/{restarts}", nit)
         res = minimize(
             pidentity_loss_and_grad,
             x0,

@@ -72,6 +72,9 @@ class Selection:
     gap: float | None = None
     message: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    # The strategy's exact error when the selection already computed it (the baseline check does), with the
+    # privacy it was computed under, so that fit does not compute it again.
+    error: tuple[Privacy, ErrorReport] | None = field(default=None, repr=False)
 
 
 ProgressSink = Callable[[dict[str, Any]], None]
@@ -327,7 +330,9 @@ class Mechanism(ABC):
         self.privacy_ = privacy
         self.strategy_ = strategy
         self._reconstruction = None  # B, computed on the first answer() and reused
-        self.expected_error_ = expected_error(strategy, workload, privacy, rtol=self.support_rtol)
+        known = sel.error  # computed under sel.error[0]; a shared selection may come from another eps
+        self.expected_error_ = (known[1] if known is not None and known[0] == privacy
+                                else expected_error(strategy, workload, privacy, rtol=self.support_rtol))
         self.bound_ = lower_bound(workload, privacy)
         self.fit_info_ = FitInfo(
             solver=sel.solver,
@@ -409,10 +414,10 @@ class Mechanism(ABC):
             message="; ".join(f"factor {k} ({f.name}): {i.message}" for k, (f, i) in
                               enumerate(zip(kron.factors, infos, strict=True)) if i.message),
             extra=extra,
-        ))
+        ), kron.svd_bound())
 
     def _adopt_factored(self, view: ImplicitWorkload, given: Workload, privacy: Privacy, strategy: FactoredStrategy,
-                        err: ErrorReport, info: FitInfo) -> Mechanism:
+                        err: ErrorReport, info: FitInfo, svdb: float) -> Mechanism:
         """Keep a strategy selected through the workload's structure (`view`), its exact error and P SVDB(W)."""
         self.workload_ = view
         self.input_workload_ = given  # as given (e.g. bound to a data Domain, with row labels), for release
@@ -420,7 +425,7 @@ class Mechanism(ABC):
         self.strategy_ = strategy  # type: ignore[assignment]
         self._reconstruction = None
         self.expected_error_ = err
-        self.bound_ = privacy.variance_factor * view.svd_bound()
+        self.bound_ = privacy.variance_factor * svdb
         self.fit_info_ = info
         return self
 
@@ -461,32 +466,31 @@ class Mechanism(ABC):
         """`sel`, or the baseline strategy with the least error when that is below sel's by more than TIE_RTOL."""
         # Every error is dpopt.error.expected_error, the function fit reports, so the returned strategy's
         # reported error is never above a baseline's.
-        def objective(strategy: Strategy) -> float:
-            """The compared error of one candidate (`_baseline_objective` of its expected error)."""
-            return self._baseline_objective(expected_error(strategy, workload, privacy, rtol=self.support_rtol))
-
         try:
-            own_err = objective(sel.strategy)
+            own_report = expected_error(sel.strategy, workload, privacy, rtol=self.support_rtol)
         except StrategyError:  # unsupported: fit refuses it and says why, rather than hide it behind a baseline
             return sel
         baselines = baseline_strategies(workload)
         # the selected strategy's key is its name, kept apart from the baselines' should the two coincide
         own = sel.strategy.name if sel.strategy.name not in baselines else f"{self.short_name}:{sel.strategy.name}"
-        errors = {own: own_err}
+        own_err = self._baseline_objective(own_report)
+        errors, reports = {own: own_err}, {own: own_report}
         best, best_err = own, own_err
         for name, strategy in baselines.items():
             try:
-                errors[name] = objective(strategy)
+                reports[name] = expected_error(strategy, workload, privacy, rtol=self.support_rtol)
             except StrategyError:  # a baseline that cannot answer this workload is no candidate
                 continue
+            errors[name] = self._baseline_objective(reports[name])
             if errors[name] < best_err * (1.0 - TIE_RTOL):
                 best, best_err = name, errors[name]
         extra = {**sel.extra, "baseline_errors": errors, "returned": best}
         if best == own:
             message = f"{sel.message}; its error {own_err:.6g} is at most every baseline's".lstrip("; ")
-            return replace(sel, message=message, extra=extra)
+            return replace(sel, message=message, extra=extra, error=(privacy, own_report))
         return replace(
             sel,
+            error=(privacy, reports[best]),
             strategy=baselines[best],
             status=f"{sel.status}; {best} returned: lower error than {self.short_name}'s own strategy",
             message=(f"{sel.message}; {best}'s error {best_err:.6g} is below the error {own_err:.6g} of "

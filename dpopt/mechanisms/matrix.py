@@ -247,14 +247,14 @@ class MatrixMechanism(Mechanism):
         strategy, _ = residual_planner(mw)
         strategy.name = str(self.strategy)  # the convex optimum, named as on the dense path
         err = strategy.expected_error(mw, privacy)
-        bound = privacy.variance_factor * mw.svd_bound()
-        gap = relative_gap(err.total, bound)
+        svdb = mw.svd_bound()
+        gap = relative_gap(err.total, privacy.variance_factor * svdb)
         status = CONVERGED if gap <= MARGINAL_GAP_TOL else STALLED
         info = FitInfo(solver="residual planner (marginal algebra)", status=status,
                        wall_seconds=time.perf_counter() - t0, cpu_seconds=time.process_time() - c0, gap=gap,
                        message="closed form over the marginal algebra, which holds the optimum by symmetry",
-                       extra={"unit_lower_bound": mw.svd_bound(), "kind": "optimal", "returned": "optimal"})
-        return self._adopt_factored(mw, workload, privacy, strategy, err, info)  # type: ignore[return-value]
+                       extra={"unit_lower_bound": svdb, "kind": "optimal", "returned": "optimal"})
+        return self._adopt_factored(mw, workload, privacy, strategy, err, info, svdb)  # type: ignore[return-value]
 
     def kronecker_policy(self, privacy: Privacy) -> str | None:
         """The convex optimum per factor always: on a Kronecker workload it is the product of the factors'

@@ -31,7 +31,7 @@ import numpy as np
 from scipy.linalg import cho_factor, cho_solve
 from scipy.optimize import minimize
 
-from dpopt.solvers.lbfgs import LbfgsMonitor
+from dpopt.solvers.lbfgs import LbfgsMonitor, deadline_share
 from dpopt.solvers.result import CONVERGED, MAX_ITER, STALLED, TIME_LIMIT, SolverResult
 
 # L-BFGS-B's relative decrease test: f changes by less than FTOL f between iterations. The error is
@@ -88,13 +88,13 @@ def optimize_l1_strategy(
     time_limit: float | None = None,
     progress: Callable[[dict[str, Any]], None] | None = None,
 ) -> SolverResult:
-    """Least trace(G (A^T A)^{-1}) over non-negative strategies with sens1(A) = 1, from each start (module docstring).
+    """Least trace(G (A^T A)^{-1}) over strategies with sens1(A) = 1, refined from each start (module docstring).
 
-    G: (n, n) workload Gram. starts: non-negative strategies (r_k x n), each of full column rank, each refined
-    by one L-BFGS-B run over all its entries. time_limit: wall seconds for all runs, each start getting an equal
-    share of the time left (a run past its share stops with its best iterate). Returns x = the best A found (columns of unit L1
-    norm), fun = its trace(G (A^T A)^{-1}) by `l1_strategy_error`, extra["start_errors"] and
-    extra["run_errors"] for every start run (its start's error and the error it reached).
+    G: (n, n) workload Gram. starts: strategies (r_k x n, any signs), each of full column rank, each refined by
+    one L-BFGS-B run over all its entries. time_limit: wall seconds for all runs, each start getting an equal
+    share of the time left (a run past its share stops with its best iterate). Returns x = the best A found
+    (columns of unit L1 norm), fun = its trace(G (A^T A)^{-1}) by `l1_strategy_error`, extra["start_errors"]
+    and extra["run_errors"] for every start run (its start's error and the error it reached).
     """
     G = np.asarray(G, dtype=float)
     if G.ndim != 2 or G.shape[0] != G.shape[1] or G.shape[0] == 0 or not np.all(np.isfinite(G)):
@@ -122,8 +122,8 @@ def optimize_l1_strategy(
         if not math.isfinite(f0):
             raise ValueError(f"start {k} is not of full column rank")
         # each start gets an equal share of the time left, so a slow first run cannot crowd out the others
-        share = None if deadline is None else time.perf_counter() + (deadline - time.perf_counter()) / (len(starts) - k)
-        monitor = LbfgsMonitor(x0, share, progress, f"l1 strategy start {k + 1}/{len(starts)}", nit)
+        monitor = LbfgsMonitor(x0, deadline_share(deadline, len(starts) - k), progress,
+                               f"l1 strategy start {k + 1}/{len(starts)}", nit)
         monitor.best_fun = f0
         res = minimize(l1_strategy_loss_and_grad, x0, args=(Gs, r), jac=True, method="L-BFGS-B",
                        bounds=[(0.0, None)] * x0.size, callback=monitor,

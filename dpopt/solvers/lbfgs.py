@@ -33,3 +33,11 @@ class LbfgsMonitor:
         if self.deadline is not None and time.perf_counter() >= self.deadline:
             self.stopped = True
             raise StopIteration
+
+
+def deadline_share(deadline: float | None, runs_left: int) -> float | None:
+    """The deadline of the next of `runs_left` runs that share the time left before `deadline` equally."""
+    if deadline is None:
+        return None
+    now = time.perf_counter()
+    return now + (deadline - now) / runs_left
