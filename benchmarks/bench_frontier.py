@@ -31,8 +31,8 @@ from threadpoolctl import threadpool_limits
 
 from dpopt.baselines import hierarchical_strategy, wavelet_strategy
 from dpopt.bounds import certified_l2_bound
-from dpopt.implicit.pidentity import optimize_pidentity, pidentity_matrix
 from dpopt.solvers.l1_strategy import optimize_l1_strategy
+from dpopt.solvers.pidentity import optimize_pidentity, pidentity_matrix
 from dpopt.workloads import AllRange, Prefix
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -59,21 +59,19 @@ def _privacy(noise: str) -> Any:
 
 
 def case_adult(k: int, noise: str) -> dict[str, Any]:
-    from dpopt.implicit.adult import (
-        adult_paths,
-        marginals_workload,
-        research_answers,
-        table_counter,
-    )
-    from dpopt.implicit.optimize import hdmm_rmse, select_strategy
+    from dpopt.data import Domain, records
+    from dpopt.experiments import research_answers
+    from dpopt.hdmm import hdmm_rmse, select_strategy
+    from dpopt.specs import parse_workload
 
     priv = _privacy(noise)
-    domain, csv = adult_paths(DATA)
-    w = marginals_workload(domain, k)
+    domain, csv = DATA / "adult" / "adult-domain.json", DATA / "adult" / "adult.csv"
+    w = parse_workload(f"marginals:{domain}:{k}")
     sel, wall, cpu = _timed(lambda: select_strategy(w, priv))
     df, read_wall, _ = _timed(lambda: pd.read_csv(csv))
-    tables = table_counter(df, w.attribute_names or [], list(w.domain_sizes))
-    (_, rel), rel_wall, rel_cpu = _timed(lambda: research_answers(sel, w, tables, priv, np.random.default_rng(0)))
+    tables = records(df, Domain.from_json(domain))[0].table
+    (_, rel), rel_wall, rel_cpu = _timed(lambda: research_answers(sel.strategy, w, tables, priv,
+                                                                  np.random.default_rng(0)))
     return {
         "log10_cells": math.log10(w.n), "queries": w.m, "strategy": sel.solver, "status": sel.status,
         "expected_total_error": sel.error.total, "rmse": sel.error.rmse, "hdmm_rmse": hdmm_rmse(sel, priv),
@@ -84,12 +82,11 @@ def case_adult(k: int, noise: str) -> dict[str, Any]:
 
 
 def case_kron_allrange(n: int, d: int, noise: str) -> dict[str, Any]:
-    from dpopt.implicit.optimize import hdmm_rmse, select_strategy
-    from dpopt.implicit.workloads import KronWorkload
-    from dpopt.workloads import AllRange
+    from dpopt.hdmm import hdmm_rmse, select_strategy
+    from dpopt.workloads import AllRange, Kron
 
     priv = _privacy(noise)
-    w = KronWorkload([AllRange(n)] * d)
+    w = Kron([AllRange(n)] * d)
     sel, wall, cpu = _timed(lambda: select_strategy(w, priv))
     out = {
         "log10_cells": math.log10(w.n), "queries": w.m, "strategy": sel.solver, "status": sel.status,
@@ -113,16 +110,15 @@ def case_table2(path: str) -> dict[str, Any]:
     )
     from dpopt.bounds import svd_bound
     from dpopt.error import unit_error
-    from dpopt.implicit.strategy import KronStrategy
-    from dpopt.implicit.workloads import KronWorkload
-    from dpopt.workloads import AllRange, all_range_nd
+    from dpopt.kron_strategy import KronStrategy
+    from dpopt.workloads import AllRange, Kron, all_range_nd
 
     makers = {"identity": identity_strategy, "hierarchical": hierarchical_strategy, "wavelet": wavelet_strategy}
 
     def run() -> dict[str, float]:
         res = {}
         if path == "implicit":
-            w = KronWorkload([AllRange(64), AllRange(32)])
+            w = Kron([AllRange(64), AllRange(32)])
             b = w.svd_bound()
             for name, mk in makers.items():
                 S = KronStrategy([mk(64), mk(32)])
@@ -145,16 +141,15 @@ def case_table2(path: str) -> dict[str, Any]:
 
 def case_ladder(optimiser: str, size: int) -> dict[str, Any]:
     """One ladder step: `size` is the factor size (Kronecker) or the number of attributes (marginals)."""
-    from dpopt.implicit.optimize import select_strategy
-    from dpopt.implicit.workloads import KronWorkload, MarginalsWorkload
-    from dpopt.workloads import AllRange
+    from dpopt.hdmm import select_strategy
+    from dpopt.workloads import AllRange, Kron, Marginals
 
     if optimiser in ("kron-gaussian", "kron-laplace"):
-        w: Any = KronWorkload([AllRange(size), AllRange(size)])
+        w: Any = Kron([AllRange(size), AllRange(size)])
         priv = _privacy("gaussian" if optimiser == "kron-gaussian" else "laplace")
         opts: dict[str, Any] = {}
     else:
-        w = MarginalsWorkload([10] * size, k=3)
+        w = Marginals([10] * size, k=3)
         priv = _privacy("gaussian" if optimiser == "marginals-gaussian" else "laplace")
         opts = {"restarts": 1} if optimiser == "marginals-laplace" else {}
     sel, wall, cpu = _timed(lambda: select_strategy(w, priv, **opts))

@@ -46,10 +46,15 @@ import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
+
+if TYPE_CHECKING:
+    from dpopt.marginal_strategy import MarginalStrategy, TableFn
+    from dpopt.privacy import Privacy
+    from dpopt.workloads import Marginals
 
 # Random workload families that take `seed=`; a sweep injects the instance seed when none is given.
 RANDOM_FAMILIES = ("wrange", "wdiscrete", "wrelated", "wtau")
@@ -825,3 +830,19 @@ def plot_sweep(df: pd.DataFrame, path: str | os.PathLike[str], metric: str = "ex
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def research_answers(
+    strategy: MarginalStrategy, workload: Marginals, tables: TableFn, privacy: Privacy, rng: np.random.Generator,
+) -> tuple[list[np.ndarray], dict[str, float]]:
+    """Research mode: noisy answers to every workload marginal from the data's marginal tables, numpy noise from
+    rng (no secure sampler, no budget accounting), and their realised total squared error against the truth,
+    for checking the expected error on real tables. A release goes through `dpopt.release.release`."""
+    t0 = time.perf_counter()
+    noisy = strategy.release(tables, workload, privacy, rng)
+    wall = time.perf_counter() - t0
+    sq = 0.0
+    for s, w, est in zip(workload.subsets, workload.weights, noisy, strict=True):
+        sq += float(w) ** 2 * float(np.sum((est - tables(s)) ** 2))
+    return noisy, {"release_seconds": wall, "realised_total_sq_error": sq}
+

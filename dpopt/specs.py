@@ -6,6 +6,7 @@ commas). Random families take `seed=S` (default 0) so the same spec always means
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -46,7 +47,8 @@ workload specs:
   default ../shared/data beside a source checkout)
   N, M, K and sizes are positive integers; marginals need 1 <= K <= number of attributes, width K <= N,
   wrelated s <= min(M, N), wtau tau in [0, 1], seed >= 0; trailing or unknown parts are refused.
-  Kronecker products and marginals too large for a dense W^T W are handled implicitly (mechanism hdmm)."""
+  Kronecker products and marginals are kept in factored form: every mechanism with a factored form works
+  through the factors, and one that needs the dense matrix says so by name and size."""
 
 
 DOMAIN_SPEC_HELP = """\
@@ -204,20 +206,11 @@ def parse_workload(spec: str, domain: Domain | None = None) -> Workload:
     spec = spec.strip()
     name, _, rest = spec.partition(":")
     name = name.lower()
-    if name in ("kron", "marginals"):
-        from dpopt.implicit.specs import (
-            parse_implicit_spec,  # lazy: the implicit parser uses this one
-        )
-
-        implicit = parse_implicit_spec(spec)
-        if implicit is not None:
-            return implicit
     if name == "kron":
         factors = rest.split(",")
-        if any(not f.strip() for f in factors):
-            raise SpecError(f"kron: empty factor spec in {spec!r}; expected kron:SPEC,SPEC,...")
-        if len(factors) < 2:
-            raise SpecError("kron needs at least two comma-separated factor specs")
+        if len(factors) < 2 or any(not f.strip() for f in factors):
+            raise SpecError(f"kron needs two or more comma-separated factor specs, e.g. kron:allrange:64,allrange:32; "
+                            f"got {spec!r}")
         return Kron([parse_workload(f) for f in factors])
     if name in ("npy", "gram-npy"):
         if not rest:
@@ -239,14 +232,42 @@ def parse_workload(spec: str, domain: Domain | None = None) -> Workload:
         if name in ("wrange", "wdiscrete", "wrelated", "wtau"):
             return _random_family(name, args)
         if name == "marginals":
-            _need(args, 2, name, "marginals:N1xN2x...:K")
-            sizes = marginal_sizes(args[0], spec)
-            return Marginals(sizes, k=marginal_order(args[1], len(sizes), spec))
+            return _marginals(rest, spec)
     except SpecError:
         raise
     except ValueError as exc:
         raise SpecError(f"bad workload spec {spec!r}: {exc}") from None
     raise SpecError(f"unknown workload family {name!r} in spec {spec!r}")
+
+
+# N1xN2x... written with numbers of any form (2.5, -3, 1e3): marginal_sizes then says what is wrong with them
+_SIZES = re.compile(r"(?=.*[0-9])\s*[-+0-9.eE_]+(\s*[xX]\s*[-+0-9.eE_]+)*\s*")
+
+
+def data_dir() -> Path:
+    """Where `marginals:NAME:K` finds NAME/NAME-domain.json: $DPOPT_DATA_DIR, else ../shared/data beside a checkout."""
+    env = os.environ.get("DPOPT_DATA_DIR")
+    return Path(env) if env else Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+def _marginals(rest: str, spec: str) -> Marginals:
+    """marginals:N1xN2x...:K, marginals:PATH.json:K or marginals:NAME:K (all K-way marginals of the domain)."""
+    where, sep, ktext = rest.rpartition(":")
+    if not sep or not where:
+        raise SpecError(f"marginals needs N1xN2x...:K, PATH.json:K or NAME:K, got {spec!r}")
+    if _SIZES.fullmatch(where):
+        sizes = marginal_sizes(where, spec)
+        return Marginals(sizes, k=marginal_order(ktext, len(sizes), spec))
+    if ":" in where and not where.lower().endswith(".json"):
+        raise SpecError(f"marginals takes N1xN2x...:K, PATH.json:K or NAME:K; got trailing parts in {spec!r}")
+    path, label = Path(where), Path(where).stem
+    if not where.lower().endswith(".json"):
+        path, label = data_dir() / where / f"{where}-domain.json", where
+    if not path.is_file():
+        raise SpecError(f"no domain file for {where!r}: expected {path}")
+    domain = Domain.from_json(path)
+    k = marginal_order(ktext, len(domain.shape), spec)
+    return Marginals(domain.shape, k=k, attribute_names=domain.names, name=f"marginals({k}-way over {label})")
 
 
 # -- workloads over a data Domain ----------------------------------------------------------------

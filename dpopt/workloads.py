@@ -15,16 +15,21 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from functools import cached_property
 from itertools import combinations
 from typing import ClassVar
 
 import numpy as np
 import scipy.sparse as sp
 
+from dpopt.linalg import attrs_of, down_closure, eigen_weights, kron_matvec, mask_of, residual_rank
 from dpopt.validation import as_generator, check_finite_matrix, check_positive_int
 
 # Dense matrices larger than this many entries are refused (8 bytes each: 2 GB).
 MAX_DENSE_ENTRIES = 250_000_000
+
+#: One term a (G_1, ..., G_d) of a Gram in Kronecker form W^T W = sum_k a_k (G_k1 (x) ... (x) G_kd).
+KronTerm = tuple[float, list[np.ndarray]]
 
 
 class WorkloadTooLargeError(ValueError):
@@ -91,6 +96,46 @@ class Workload(ABC):
     def frobenius_sq(self) -> float:
         """||W||_F^2 = trace(W^T W) (inf if it overflows float64)."""
         return _scaled(float(np.trace(self.gram())), self.gram_log_scale)
+
+    # -- the Kronecker-term form every structured computation works with ---------------------------
+    @property
+    def domain_sizes(self) -> tuple[int, ...]:
+        """(n_1, ..., n_d): the factor sizes of the product domain; a plain workload is one factor (n,)."""
+        return (int(self.n),)
+
+    @property
+    def n_factors(self) -> int:
+        """d, the number of attributes (Kronecker factors)."""
+        return len(self.domain_sizes)
+
+    def kron_terms(self) -> list[KronTerm]:
+        """W^T W = sum_k a_k (x)_i G_ki as [(a_k, [G_k1, ..., G_kd])]; a plain workload is one term [(1, [W^T W])]."""
+        self._check_unscaled()
+        return [(1.0, [np.asarray(self.gram(), dtype=float)])]
+
+    def gram_matvec(self, v: np.ndarray) -> np.ndarray:
+        """W^T W v through the Kronecker terms; v has shape (n,) or (n, k)."""
+        out = None
+        for a, Gs in self.kron_terms():
+            term = a * kron_matvec(Gs, v)
+            out = term if out is None else out + term
+        assert out is not None
+        return out
+
+    def svd_bound(self) -> float:
+        """SVDB(W) (seed 004 Def. 4.1), see `dpopt.bounds.svd_bound`; structured workloads use their factors."""
+        from dpopt.bounds import svd_bound
+
+        return svd_bound(self)
+
+    def error_lower_bound(self) -> tuple[float, str]:
+        """A certified lower bound on trace(W^T W X^+) * max diag(X) over all strategies, and what it is."""
+        return self.svd_bound(), "svd bound"
+
+    def _check_unscaled(self) -> None:
+        if self.gram_log_scale != 0.0:
+            raise ValueError(f"workload {self.name} has a scaled Gram (gram_log_scale != 0); it has no Kronecker "
+                             "factor form here")
 
     def _check_materialisable(self) -> None:
         m, n = self.shape
@@ -458,7 +503,11 @@ class AllPredicate(_Family):
 
 
 class Kron(Workload):
-    """Kronecker product W_1 (x) ... (x) W_d: multi-dimensional products of 1-D workloads (seed 004)."""
+    """Kronecker product W_1 (x) ... (x) W_d: multi-dimensional products of 1-D workloads (seed 004).
+
+    Never formed: its Gram is the product of the factors' Grams, its singular values the products of
+    theirs, and W x is one tensor contraction per factor, so every cost scales with the factor sizes.
+    """
 
     def __init__(self, factors: Sequence[Workload], name: str | None = None) -> None:
         if len(factors) == 0:
@@ -474,6 +523,10 @@ class Kron(Workload):
         return (m, n)
 
     @property
+    def domain_sizes(self) -> tuple[int, ...]:
+        return tuple(int(f.n) for f in self.factors)
+
+    @property
     def has_rows(self) -> bool:
         return super().has_rows and all(f.has_rows for f in self.factors)
 
@@ -483,6 +536,15 @@ class Kron(Workload):
         for f in self.factors[1:]:
             out = sp.kron(out, f.sparse(), format="csr")
         return out
+
+    @cached_property
+    def factor_grams(self) -> list[np.ndarray]:
+        """[W_i^T W_i] (each n_i x n_i)."""
+        self._check_unscaled()
+        return [np.asarray(f.gram(), dtype=float) for f in self.factors]
+
+    def kron_terms(self) -> list[KronTerm]:
+        return [(1.0, self.factor_grams)]
 
     def gram(self) -> np.ndarray:
         """(W_1 (x) W_2)^T (W_1 (x) W_2) = W_1^T W_1 (x) W_2^T W_2."""
@@ -494,6 +556,25 @@ class Kron(Workload):
             out = np.kron(out, f.gram())
         return out
 
+    def frobenius_sq(self) -> float:
+        """||W||_F^2 = prod_i ||W_i||_F^2."""
+        return _scaled(math.prod(float(np.trace(G)) for G in self.factor_grams), 0.0)
+
+    def svd_bound(self) -> float:
+        """prod_i SVDB(W_i) (seed 004 Def. 4.1; singular values of a Kronecker product are the factors' products), never above it.
+
+        Each factor's bound is a lower bound; the d - 1 products add at most (d - 1) eps/2 relative, so the
+        product is shrunk by 1 - d eps.
+        """
+        from dpopt.bounds import EPS, svd_bound_from_gram
+
+        bounds = [svd_bound_from_gram(G) for G in self.factor_grams]
+        return math.prod(bounds) * max(0.0, 1.0 - len(bounds) * EPS)
+
+    def matvec(self, x: np.ndarray) -> np.ndarray:
+        """W x through the factors (x of n entries); the result has m entries."""
+        return kron_matvec([f.sparse() for f in self.factors], x)
+
     def row_labels(self) -> list[str]:
         if self._labels is not None:
             return list(self._labels)
@@ -504,7 +585,11 @@ class Kron(Workload):
 
 
 class Stack(Workload):
-    """Union of workloads over the same cells, row blocks scaled by optional weights: [w_1 W_1; ...]."""
+    """Union of workloads over the same cells, row blocks scaled by optional weights: [w_1 W_1; ...].
+
+    A stack of Kronecker products over one product domain (HDMM's union workloads) keeps that form:
+    its Gram is sum_k w_k^2 (x)_i G_ki, so traces and matvecs go through the factors.
+    """
 
     def __init__(
         self,
@@ -531,6 +616,15 @@ class Stack(Workload):
         return (sum(p.shape[0] for p in self.parts), self.parts[0].n)
 
     @property
+    def kron_parts(self) -> bool:
+        """True when every part is a Kronecker product over the same factor sizes (a union of Kronecker products)."""
+        return all(isinstance(p, Kron) for p in self.parts) and len({p.domain_sizes for p in self.parts}) == 1
+
+    @property
+    def domain_sizes(self) -> tuple[int, ...]:
+        return self.parts[0].domain_sizes if self.kron_parts else (int(self.n),)
+
+    @property
     def has_rows(self) -> bool:
         return super().has_rows and all(p.has_rows for p in self.parts)
 
@@ -542,10 +636,45 @@ class Stack(Workload):
         """sum_k w_k^2 W_k^T W_k."""
         return sum(wt**2 * p.gram() for wt, p in zip(self.weights, self.parts, strict=True))
 
+    def kron_terms(self) -> list[KronTerm]:
+        if not self.kron_parts:
+            return super().kron_terms()
+        return [(float(w) ** 2, p.factor_grams) for w, p in zip(self.weights, self.parts, strict=True)]  # type: ignore[attr-defined]
+
+    def frobenius_sq(self) -> float:
+        """sum_k w_k^2 ||W_k||_F^2."""
+        return float(sum(w**2 * p.frobenius_sq() for w, p in zip(self.weights, self.parts, strict=True)))
+
+    def error_lower_bound(self) -> tuple[float, str]:
+        """max(SVDB(W) if the Gram fits, sum_k w_k^2 SVDB(W_k)).
+
+        The second is valid because min_X sum_k f_k(X) >= sum_k min_X f_k(X): every part is answered by the
+        same strategy, and each part's error is at least its own optimum, hence at least its SVD bound.
+        """
+        from dpopt.bounds import rounding_shrink
+
+        parts = float(sum(w**2 * p.svd_bound() for w, p in zip(self.weights, self.parts, strict=True)))
+        parts *= rounding_shrink(len(self.parts))  # the sum and w^2 round; keep it below the exact sum
+        if self.n * self.n <= MAX_DENSE_ENTRIES // 16:
+            full = self.svd_bound()
+            if full >= parts:
+                return full, "svd bound"
+        return parts, "sum of part svd bounds"
+
+    def matvec(self, x: np.ndarray) -> np.ndarray:
+        """W x (stacked part answers, each scaled by its weight)."""
+        return np.concatenate([w * _matvec(p, x) for w, p in zip(self.weights, self.parts, strict=True)])
+
     def row_labels(self) -> list[str]:
         if self._labels is not None:
             return list(self._labels)
         return [f"{p.name}:{lab}" for p in self.parts for lab in p.row_labels()]
+
+
+def _matvec(w: Workload, x: np.ndarray) -> np.ndarray:
+    """W x: through the structure where the workload has one, else with its sparse rows."""
+    mv = getattr(w, "matvec", None)
+    return mv(x) if mv is not None else w.sparse() @ np.asarray(x, dtype=float)
 
 
 class _Ones(Workload):
@@ -580,7 +709,13 @@ def marginal(domain_sizes: Sequence[int], attrs: Sequence[int]) -> Kron:
 
 
 class Marginals(Stack):
-    """All k-way marginals (or the given attribute subsets) of a multi-attribute domain: a data cube (seed 004, Thm 5.5)."""
+    """Weighted marginals (cuboids) of a multi-attribute domain: all k-way ones or given attribute subsets (a data cube,
+    seed 004 Thm. 5.5).
+
+    Exact spectral form (see `dpopt.linalg`'s marginal algebra): W^T W = sum_A c_A Q_A, so the SVD bound, the
+    Frobenius norm and every trace the error needs are sums over the down-closure of the subsets (c_A kept
+    divided by N); nothing scales with the number of cells.
+    """
 
     def __init__(
         self,
@@ -588,22 +723,140 @@ class Marginals(Stack):
         k: int | None = None,
         subsets: Sequence[Sequence[int]] | None = None,
         weights: Sequence[float] | None = None,
+        attribute_names: Sequence[str] | None = None,
+        name: str | None = None,
     ) -> None:
-        d = len(domain_sizes)
+        sizes = tuple(check_positive_int(s, "domain size") for s in domain_sizes)
+        d = len(sizes)
+        if d == 0:
+            raise ValueError("Marginals needs at least one attribute")
         if (k is None) == (subsets is None):
             raise ValueError("give exactly one of k (all k-way marginals) or subsets")
         if k is not None:
-            if not 0 <= k <= d:
-                raise ValueError(f"k must lie in 0..{d}, got {k}")
+            if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= d:
+                raise ValueError(f"k must be an integer in 0..{d}, got {k!r}")
             subsets = list(combinations(range(d), k))
         assert subsets is not None
-        self.subsets = [tuple(sorted(s)) for s in subsets]
-        self.domain_sizes = [int(s) for s in domain_sizes]
-        parts = [marginal(self.domain_sizes, s) for s in self.subsets]
-        label = f"{k}-way" if k is not None else f"{len(self.subsets)} cuboids"
-        super().__init__(parts, weights, name=f"marginals({label} over {'x'.join(map(str, self.domain_sizes))})")
+        if len(subsets) == 0:
+            raise ValueError("Marginals needs at least one attribute subset")
+        subs = [tuple(sorted({int(a) for a in s})) for s in subsets]
+        for s in subs:
+            if any(a < 0 or a >= d for a in s):
+                raise ValueError(f"marginal {s} names attributes outside 0..{d - 1}")
+        masks = [mask_of(s) for s in subs]
+        if len(set(masks)) != len(masks):
+            raise ValueError("marginal subsets must be distinct")
+        if attribute_names is not None and len(attribute_names) != d:
+            raise ValueError(f"attribute_names has {len(attribute_names)} entries, expected {d}")
+        self._sizes = sizes
+        self.subsets = subs
+        self.masks = masks
+        self.attribute_names = list(attribute_names) if attribute_names is not None else None
+        label = f"{k}-way" if k is not None else f"{len(subs)} cuboids"
+        super().__init__([marginal(sizes, s) for s in subs], weights,
+                         name=name or f"marginals({label} over {'x'.join(map(str, sizes))})")
+
+    @property
+    def domain_sizes(self) -> tuple[int, ...]:
+        return self._sizes
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        m = sum(math.prod(self._sizes[i] for i in s) for s in self.subsets)
+        return (m, math.prod(self._sizes))
+
+    # -- spectral form ---------------------------------------------------------------------------
+    @cached_property
+    def closure(self) -> list[int]:
+        """Every subset A of some workload marginal (bitmasks): the only Q_A with c_A > 0."""
+        return down_closure(self.masks)
+
+    @cached_property
+    def scaled_eigenvalues(self) -> np.ndarray:
+        """c_A / N for A in `closure`: the eigenvalue of W^T W on Q_A over the number of cells N (seed 004 Thm. 5.5)."""
+        return eigen_weights(self._sizes, self.masks, self.weights, self.closure)
+
+    @cached_property
+    def multiplicities(self) -> np.ndarray:
+        """r_A = prod_{i in A} (n_i - 1) for A in `closure` (float; may exceed int64)."""
+        return np.array([float(residual_rank(self._sizes, A)) for A in self.closure])
+
+    def kron_terms(self) -> list[KronTerm]:
+        out = []
+        for s, w in zip(self.masks, self.weights, strict=True):
+            Gs = [np.eye(n) if s >> i & 1 else np.ones((n, n)) for i, n in enumerate(self._sizes)]
+            out.append((float(w) ** 2, Gs))
+        return out
+
+    def frobenius_sq(self) -> float:
+        """sum_S w_S^2 N: each marginal counts every cell exactly once (inf beyond float64)."""
+        log_v = math.log(float(np.sum(self.weights**2))) + sum(math.log(n) for n in self._sizes)
+        return math.exp(log_v) if log_v < 709.0 else math.inf
+
+    def svd_bound(self) -> float:
+        """(sum_A r_A sqrt(c_A))^2 / N = (sum_A r_A sqrt(c_A / N))^2 (seed 004 Def. 4.1, exact spectrum), never above it.
+
+        c_A / N sums at most |S| terms w_S^2 / N_S (each two roundings), so it carries at most (|S| + 1) eps/2
+        relative error; its square root and r_A (rounded to float) add eps; `rounding_shrink` covers the rest.
+        """
+        from dpopt.bounds import EPS, svdb_from_singular_value_bounds
+
+        term_err = (len(self.masks) + 4) * EPS
+        return svdb_from_singular_value_bounds(
+            np.sqrt(self.scaled_eigenvalues), 1.0, counts=self.multiplicities, term_rel_err=term_err
+        )
+
+    def error_lower_bound(self) -> tuple[float, str]:
+        return self.svd_bound(), "svd bound (tight for marginals)"
+
+    def gram_matvec(self, v: np.ndarray) -> np.ndarray:
+        """sum_S w_S^2 M_S^T M_S v: sum over the non-S axes and broadcast back (v of shape (n,) or (n, k))."""
+        v = np.asarray(v, dtype=float)
+        n = self.n
+        if v.ndim not in (1, 2) or v.shape[0] != n:
+            raise ValueError(f"vector has shape {v.shape}; expected ({n},) or ({n}, k)")
+        k = 1 if v.ndim == 1 else v.shape[1]
+        T = v.reshape(*self._sizes, k)
+        out = np.zeros_like(T)
+        d = self.n_factors
+        for s, w in zip(self.masks, self.weights, strict=True):
+            axes = tuple(i for i in range(d) if not s >> i & 1)
+            out += w**2 * (T.sum(axis=axes, keepdims=True) if axes else T)
+        return out.reshape(v.shape)
+
+    def matvec(self, x: np.ndarray) -> np.ndarray:
+        """W x: the weighted marginal tables of x, raveled and stacked in subset order."""
+        x = np.asarray(x, dtype=float)
+        if x.shape != (self.n,):
+            raise ValueError(f"data vector has shape {x.shape}; expected ({self.n},)")
+        T = x.reshape(self._sizes)
+        d = self.n_factors
+        out = []
+        for s, w in zip(self.masks, self.weights, strict=True):
+            axes = tuple(i for i in range(d) if not s >> i & 1)
+            out.append(w * (T.sum(axis=axes) if axes else T).ravel())
+        return np.concatenate(out)
+
+    def subset_names(self, subset: Sequence[int]) -> str:
+        """Human label of a subset: attribute names joined by 'x' (or indices)."""
+        names = self.attribute_names
+        return "x".join(names[i] if names else str(i) for i in subset) or "total"
+
+    def masks_attrs(self) -> list[tuple[int, ...]]:
+        """Attribute tuples of the down-closure, in `closure` order."""
+        return [attrs_of(a) for a in self.closure]
 
 
 def all_range_nd(sizes: Sequence[int]) -> Kron:
     """ALLRANGE(n_1, ..., n_d): all multi-dimensional range queries, the Kronecker product of AllRange (seed 004)."""
     return Kron([AllRange(s) for s in sizes], name="allrange(" + ",".join(str(s) for s in sizes) + ")")
+
+
+def kron_form(workload: Workload | np.ndarray) -> Workload:
+    """The workload in a Kronecker-term form with factors: itself when it is a Kronecker product, a union of
+    them or marginals; any other workload as a one-factor Kronecker product."""
+    w = as_workload(workload)
+    if isinstance(w, Kron) or (isinstance(w, Stack) and w.kron_parts):
+        return w
+    w._check_unscaled()
+    return Kron([w], name=w.name)

@@ -55,3 +55,10 @@ def range_family_gram(kind: str, n: int) -> np.ndarray:
     if kind == "prefix":
         return prefix_gram(n)
     return width_gram(n, n // 4)
+
+
+def explicit(workload):  # noqa: ANN001, ANN201 - a test helper
+    """The same queries as an explicit (sparse-row) workload: its Gram comes from the rows, not the structure."""
+    from dpopt.workloads import as_workload
+
+    return as_workload(workload.sparse(), name=workload.name)

@@ -1,6 +1,6 @@
 """The reported lower bound never exceeds an error that a mechanism reaches: ratio_to_bound >= 1 - 1e-12.
 
-Every workload family (dense, implicit Kronecker / union / marginals, predicate workloads over a Domain) is
+Every workload family (dense, Kronecker / union of Kronecker products / marginals, predicate workloads over a Domain) is
 fitted with every registered mechanism under eps-DP and (eps, delta)-DP. Marginals are the sharp case:
 the eigen-design and convex optimum reach the SVD bound exactly, so a bound inflated by round-off (square
 roots of a rank-deficient Gram's round-off eigenvalues added 1.2e-8 relative) fails here.
@@ -15,7 +15,6 @@ import pytest
 
 from dpopt.bounds import svd_bound, svd_bound_from_gram, svd_bound_from_matrix
 from dpopt.data import Domain
-from dpopt.implicit.workloads import KronWorkload, MarginalsWorkload, UnionWorkload
 from dpopt.mechanisms.base import MechanismError
 from dpopt.mechanisms.registry import MECHANISMS, make_mechanism
 from dpopt.privacy import Privacy
@@ -85,12 +84,10 @@ WORKLOADS = {
     "marginals:3x4x5:2": lambda: Marginals([3, 4, 5], k=2),
     "marginals:2x3x2:1": lambda: Marginals([2, 3, 2], k=1),
     "spec marginals:3x4x5:2": lambda: parse_workload("marginals:3x4x5:2"),
-    "implicit kron": lambda: KronWorkload([Prefix(3), AllRange(4)]),
-    "implicit union": lambda: UnionWorkload(
-        [KronWorkload([Prefix(3), Total(4)]), KronWorkload([Identity(3), AllRange(4)])], weights=[1.0, 0.5]
+    "union of krons": lambda: Stack(
+        [Kron([Prefix(3), Total(4)]), Kron([Identity(3), AllRange(4)])], weights=[1.0, 0.5]
     ),
-    "implicit marginals:3x4x5:2": lambda: MarginalsWorkload([3, 4, 5], k=2),
-    "implicit marginals:2x3x4:1": lambda: MarginalsWorkload([2, 3, 4], k=1),
+    "marginals:2x3x4:1": lambda: Marginals([2, 3, 4], k=1),
     "predicates": _predicates,
     "queries-stack": _queries_stack,
 }
@@ -157,13 +154,12 @@ def _exact_marginals_svdb() -> float:
 def test_each_path_stays_below_the_exact_marginals_bound():
     exact = _exact_marginals_svdb()
     W = Marginals([3, 4, 5], k=2)
-    for value in (svd_bound(W), svd_bound_from_gram(W.gram()), svd_bound_from_matrix(W.matrix()),
-                  MarginalsWorkload([3, 4, 5], k=2).svd_bound()):
+    for value in (svd_bound(W), svd_bound_from_gram(W.gram()), svd_bound_from_matrix(W.matrix()), W.svd_bound()):
         assert value <= exact
         assert value >= exact * (1 - 1e-12)
 
 
 def test_kronecker_bound_is_the_product_of_safe_factor_bounds():
-    k = KronWorkload([Prefix(3), AllRange(4), Total(2)])
+    k = Kron([Prefix(3), AllRange(4), Total(2)])
     dense = np.linalg.svd(Kron([Prefix(3), AllRange(4), Total(2)]).matrix(), compute_uv=False)
     assert k.svd_bound() == pytest.approx(dense.sum() ** 2 / k.n, rel=1e-12)

@@ -12,19 +12,18 @@ import time
 import numpy as np
 
 from dpopt.compare import compare
-from dpopt.implicit.marginal_opt import (
+from dpopt.hdmm import optimize_union, select_strategy
+from dpopt.mechanisms.base import fit_budget
+from dpopt.mechanisms.registry import make_mechanism
+from dpopt.privacy import Privacy
+from dpopt.solvers.marginal_opt import (
     laplace_marginal_error,
     marginal_baselines,
     optimize_marginals_laplace,
 )
-from dpopt.implicit.optimize import optimize_union, select_strategy
-from dpopt.implicit.pidentity import optimize_pidentity
-from dpopt.implicit.workloads import KronWorkload, MarginalsWorkload, UnionWorkload
-from dpopt.mechanisms.base import fit_budget
-from dpopt.mechanisms.registry import make_mechanism
-from dpopt.privacy import Privacy
+from dpopt.solvers.pidentity import optimize_pidentity
 from dpopt.solvers.result import TIME_LIMIT
-from dpopt.workloads import AllRange, Identity, Prefix
+from dpopt.workloads import AllRange, Identity, Kron, Marginals, Prefix, Stack
 
 TINY = 1e-9
 PURE = Privacy(1.0)
@@ -51,7 +50,7 @@ def _check_capped_fit(W, privacy) -> None:
 
 def test_capped_eps_dp_fit_is_valid_and_never_worse_than_identity():
     _check_capped_fit(Prefix(64), PURE)
-    _check_capped_fit(KronWorkload([AllRange(8), Prefix(6)]), PURE)
+    _check_capped_fit(Kron([AllRange(8), Prefix(6)]), PURE)
 
 
 def test_capped_gaussian_fit_is_valid_with_a_certified_gap():
@@ -88,7 +87,7 @@ def test_pidentity_past_deadline_keeps_its_first_run_and_skips_the_rest():
 
 
 def test_marginal_template_past_deadline_still_compares_baselines():
-    w = MarginalsWorkload([3, 4, 5, 2], k=2)
+    w = Marginals([3, 4, 5, 2], k=2)
     strat, res = optimize_marginals_laplace(w, restarts=3, deadline=_past())
     assert res.status == TIME_LIMIT and len(res.extra["losses"]) == 1
     base = min(laplace_marginal_error(s, w) for s in marginal_baselines(w).values())
@@ -98,7 +97,7 @@ def test_marginal_template_past_deadline_still_compares_baselines():
 
 
 def test_union_descent_stops_after_one_sweep_and_skips_the_union_of_parts():
-    U = UnionWorkload([KronWorkload([AllRange(8), Identity(6)]), KronWorkload([Identity(8), Prefix(6)])])
+    U = Stack([Kron([AllRange(8), Identity(6)]), Kron([Identity(8), Prefix(6)])])
     for privacy in (PURE, GAUSS):
         sel = optimize_union(U, privacy, deadline=_past())
         assert sel.status == TIME_LIMIT

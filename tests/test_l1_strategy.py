@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 
 from dpopt.baselines import hierarchical_strategy, wavelet_strategy
-from dpopt.implicit.pidentity import optimize_pidentity, pidentity_matrix
 from dpopt.solvers.l1_strategy import (
     l1_strategy_error,
     l1_strategy_loss_and_grad,
     normalised_strategy,
     optimize_l1_strategy,
 )
+from dpopt.solvers.pidentity import optimize_pidentity, pidentity_matrix
 from dpopt.strategy import Strategy
 from dpopt.workloads import AllRange, Prefix
 

@@ -22,16 +22,23 @@ from dpopt.baselines import baseline_strategies
 from dpopt.bounds import svd_bound
 from dpopt.data import Records, data_vector, marginal_tables
 from dpopt.error import ErrorReport, _row_sq_norms, answers_through, expected_error, noisy_answers
-from dpopt.implicit.marginal_algebra import residual_rank
-from dpopt.implicit.marginal_strategy import MarginalStrategy
-from dpopt.implicit.strategy import KronStrategy
-from dpopt.implicit.union_strategy import UnionKronStrategy
-from dpopt.implicit.workloads import ImplicitWorkload, KronWorkload, MarginalsWorkload, as_implicit
+from dpopt.kron_strategy import KronStrategy
+from dpopt.linalg import residual_rank
+from dpopt.marginal_strategy import MarginalStrategy
 from dpopt.privacy import Perturb, Privacy, research_perturb
 from dpopt.solvers.result import MIN_SOLVER_SECONDS
 from dpopt.strategy import Strategy, StrategyError
+from dpopt.union_strategy import UnionKronStrategy
 from dpopt.validation import check_finite_vector
-from dpopt.workloads import MAX_DENSE_ENTRIES, Kron, Workload, WorkloadTooLargeError, as_workload
+from dpopt.workloads import (
+    MAX_DENSE_ENTRIES,
+    Kron,
+    Marginals,
+    Workload,
+    WorkloadTooLargeError,
+    as_workload,
+    kron_form,
+)
 
 # A baseline replaces the selected strategy only when its exact error is lower by more than this fraction:
 # two evaluations of one error (the selected strategy is often a baseline itself, e.g. the workload's own
@@ -221,15 +228,11 @@ def _selection_key(mech: Mechanism, workload: Workload, privacy: Privacy) -> tup
             _fingerprint(np.asarray(entries, dtype=float)), privacy.is_pure, privacy.norm)
 
 
-def kronecker_factors(workload: Workload) -> KronWorkload | None:
-    """The workload as a Kronecker product of two or more 1-D factors, or None when it is not one."""
-    if isinstance(workload, KronWorkload):
-        return workload if len(workload.factors) > 1 else None
-    if isinstance(workload, Kron) and len(workload.factors) > 1:
-        try:
-            return KronWorkload(workload.factors, name=workload.name)
-        except ValueError:  # a factor with a scaled Gram (AllPredicate) has no factor form here
-            return None
+def kronecker_factors(workload: Workload) -> Kron | None:
+    """The workload as a Kronecker product of two or more 1-D factors, or None when it is not one (a factor
+    with a scaled Gram, AllPredicate, has no factor form here)."""
+    if isinstance(workload, Kron) and len(workload.factors) > 1 and workload.gram_log_scale == 0.0:
+        return workload
     return None
 
 
@@ -352,7 +355,7 @@ class Mechanism(ABC):
         per factor, because the mechanism's optimum on the product is the product of the factors' optima."""
         return None
 
-    def factor_plan(self, workload: Workload, privacy: Privacy) -> tuple[KronWorkload | None, bool]:
+    def factor_plan(self, workload: Workload, privacy: Privacy) -> tuple[Kron | None, bool]:
         """(the Kronecker factors `fit` selects over one at a time, or None for one selection over all cells;
         whether the product of the factors' optima is the optimum), from `kronecker_policy`."""
         kron = kronecker_factors(workload)
@@ -361,7 +364,7 @@ class Mechanism(ABC):
             return kron, policy == "separable"
         return None, False
 
-    def _fit_per_factor(self, kron: KronWorkload, given: Workload, privacy: Privacy, separable: bool) -> Mechanism:
+    def _fit_per_factor(self, kron: Kron, given: Workload, privacy: Privacy, separable: bool) -> Mechanism:
         """Fit each factor W_i alone and measure A = A_1 (x) ... (x) A_d (HDMM, McKenna et al. VLDB 2018, Kronecker strategies).
 
         Both sensitivities of a Kronecker product are the products of the factors' and
@@ -416,7 +419,7 @@ class Mechanism(ABC):
             extra=extra,
         ), kron.svd_bound())
 
-    def _adopt_factored(self, view: ImplicitWorkload, given: Workload, privacy: Privacy, strategy: FactoredStrategy,
+    def _adopt_factored(self, view: Workload, given: Workload, privacy: Privacy, strategy: FactoredStrategy,
                         err: ErrorReport, info: FitInfo, svdb: float) -> Mechanism:
         """Keep a strategy selected through the workload's structure (`view`), its exact error and P SVDB(W)."""
         self.workload_ = view
@@ -573,7 +576,7 @@ class Mechanism(ABC):
                             perturb=perturb)
         if isinstance(s, UnionKronStrategy):
             return s.answer(data_vector(x, w.n), self.privacy_, None, w, perturb=perturb)  # type: ignore[arg-type]
-        assert isinstance(w, MarginalsWorkload) and isinstance(s, MarginalStrategy)
+        assert isinstance(w, Marginals) and isinstance(s, MarginalStrategy)
         out = s.release(marginal_tables(x, w.domain_sizes), w, self.privacy_, perturb=perturb)
         return np.concatenate([wt * t.ravel() for wt, t in zip(w.weights, out, strict=True)])
 
@@ -589,8 +592,8 @@ class Mechanism(ABC):
         """Exact expected error of the fitted strategy on `workload` (default: the fitted workload)."""
         self._check_fitted()
         if self._factored():
-            w: Workload = self.workload_ if workload is None else as_implicit(workload)
-            if isinstance(self.strategy_, MarginalStrategy) and not isinstance(w, MarginalsWorkload):
+            w: Workload = self.workload_ if workload is None else kron_form(workload)
+            if isinstance(self.strategy_, MarginalStrategy) and not isinstance(w, Marginals):
                 raise MechanismError(f"{self.short_name}: a marginal strategy answers marginal workloads only")
             return self.strategy_.expected_error(w, self.privacy_)  # type: ignore[arg-type]
         w = self.workload_ if workload is None else as_workload(workload)

@@ -47,15 +47,14 @@ import scipy.sparse as sp
 from scipy.optimize import lsq_linear, nnls
 
 from dpopt.error import ErrorReport
-from dpopt.implicit.marginal_opt import residual_planner
-from dpopt.implicit.workloads import MarginalsWorkload, as_implicit
 from dpopt.mechanisms.base import FitInfo, Mechanism, MechanismError, Selection
 from dpopt.mechanisms.convergence import check_policy, solver_status
 from dpopt.privacy import Privacy
+from dpopt.solvers.marginal_opt import residual_planner
 from dpopt.solvers.result import CONVERGED, MAX_ITER, STALLED, SolverResult, relative_gap
 from dpopt.strategy import RANK_RTOL, Strategy
 from dpopt.validation import check_finite_vector
-from dpopt.workloads import Marginals, Workload
+from dpopt.workloads import Marginals, Workload, kron_form
 
 STRATEGY_KINDS = ("eigen", "optimal", "appendix-b")
 # What the convex optimum minimises: total squared error (seed 002), or the largest per-query variance.
@@ -223,7 +222,7 @@ class MatrixMechanism(Mechanism):
 
     def _fit(self, workload: Workload | np.ndarray, privacy: Privacy) -> MatrixMechanism:
         """`fit` under the current budget; the (eps, delta) optimum of a marginal workload in closed form."""
-        if isinstance(workload, (Marginals, MarginalsWorkload)) and self._marginal_optimum_applies(privacy):
+        if isinstance(workload, Marginals) and self._marginal_optimum_applies(privacy):
             return self._fit_marginal_algebra(workload, privacy)
         return super()._fit(workload, privacy)  # type: ignore[return-value]
 
@@ -242,8 +241,8 @@ class MatrixMechanism(Mechanism):
         is certified by that bound.
         """
         t0, c0 = time.perf_counter(), time.process_time()
-        mw = as_implicit(workload)
-        assert isinstance(mw, MarginalsWorkload)
+        mw = kron_form(workload)
+        assert isinstance(mw, Marginals)
         strategy, _ = residual_planner(mw)
         strategy.name = str(self.strategy)  # the convex optimum, named as on the dense path
         err = strategy.expected_error(mw, privacy)

@@ -19,7 +19,7 @@ MECHANISMS: dict[str, str] = {
     "mm-appendix-b": "dpopt.mechanisms.matrix:AppendixBMechanism",
     "lrm": "dpopt.mechanisms.lowrank:LowRankMechanism",
     "om": "dpopt.mechanisms.orthogonal:OrthogonalMechanism",
-    "hdmm": "dpopt.implicit.mechanisms:HDMMMechanism",
+    "hdmm": "dpopt.mechanisms.hdmm:HDMMMechanism",
 }
 
 # The order in which `dpopt compare` runs mechanisms, fastest first: the closed-form baselines, then the

@@ -28,12 +28,11 @@ import numpy as np
 import scipy.sparse as sp
 
 from dpopt.error import ErrorReport
-from dpopt.implicit.marginal_algebra import attrs_of, cells_of, residual_rank, submasks
-from dpopt.implicit.strategy import SUPPORT_RTOL, _report
-from dpopt.implicit.workloads import MarginalsWorkload
+from dpopt.kron_strategy import SUPPORT_RTOL, _report
+from dpopt.linalg import attrs_of, cells_of, residual_rank, submasks
 from dpopt.privacy import Perturb, Privacy, research_perturb
 from dpopt.strategy import Strategy, StrategyError
-from dpopt.workloads import MAX_DENSE_ENTRIES
+from dpopt.workloads import MAX_DENSE_ENTRIES, Marginals
 
 KINDS = ("residual", "marginals")
 TableFn = Callable[[tuple[int, ...]], np.ndarray]
@@ -142,23 +141,23 @@ class MarginalStrategy:
         return (r, math.prod(self.domain_sizes))
 
     # -- error -----------------------------------------------------------------------------------
-    def _check(self, workload: MarginalsWorkload) -> None:
-        if not isinstance(workload, MarginalsWorkload):
-            raise StrategyError(f"{self.name} answers MarginalsWorkload, got {type(workload).__name__}")
+    def _check(self, workload: Marginals) -> None:
+        if not isinstance(workload, Marginals):
+            raise StrategyError(f"{self.name} answers Marginals, got {type(workload).__name__}")
         if workload.domain_sizes != self.domain_sizes:
             raise StrategyError(
                 f"strategy {self.name} has domain {self.domain_sizes}, workload {workload.name} has "
                 f"{workload.domain_sizes}"
             )
 
-    def unsupported_fraction(self, workload: MarginalsWorkload) -> float:
+    def unsupported_fraction(self, workload: Marginals) -> float:
         """sqrt(sum of c_A r_A over unmeasured A / trace(W^T W)): the workload outside the strategy's range."""
         self._check(workload)
         cr = workload.scaled_eigenvalues * workload.multiplicities
         miss = np.array([self.eigenvalue(A) <= 0 for A in workload.closure])
         return float(math.sqrt(cr[miss].sum() / cr.sum()))
 
-    def unit_error(self, workload: MarginalsWorkload) -> float:
+    def unit_error(self, workload: Marginals) -> float:
         """trace(W^T W X^+) = sum_A c_A r_A / x_A over the workload's down-closure."""
         self._check(workload)
         x = np.array([self.eigenvalue(A) for A in workload.closure])
@@ -168,7 +167,7 @@ class MarginalStrategy:
             return math.inf
         return float(np.sum(cr[live] / x[live]))
 
-    def marginal_variances(self, workload: MarginalsWorkload) -> np.ndarray:
+    def marginal_variances(self, workload: Marginals) -> np.ndarray:
         """Noise variance of each cell of each workload marginal S (unweighted; per unit noise variance).
 
         trace(G_S X^+) = N_{-S} sum_{A subset of S} r_A / x_A spreads evenly over the N_S cells of S, so
@@ -185,12 +184,12 @@ class MarginalStrategy:
             out.append(tot / cells_of(self.domain_sizes, S) ** 2)
         return np.array(out)
 
-    def supports(self, workload: MarginalsWorkload, rtol: float = SUPPORT_RTOL) -> bool:
+    def supports(self, workload: Marginals, rtol: float = SUPPORT_RTOL) -> bool:
         """True when every residual space the workload needs is measured."""
         return self.unsupported_fraction(workload) <= rtol
 
     def expected_error(
-        self, workload: MarginalsWorkload, privacy: Privacy, rtol: float = SUPPORT_RTOL
+        self, workload: Marginals, privacy: Privacy, rtol: float = SUPPORT_RTOL
     ) -> ErrorReport:
         """Exact expected total squared error of the least-squares answers (seed 004 Prop. 3.3 in closed form)."""
         frac = self.unsupported_fraction(workload)
@@ -250,7 +249,7 @@ class MarginalStrategy:
             out[A] = _center(acc, range(len(a_attrs))) / xa
         return out
 
-    def reconstruct(self, y: dict[int, np.ndarray], workload: MarginalsWorkload) -> list[np.ndarray]:
+    def reconstruct(self, y: dict[int, np.ndarray], workload: Marginals) -> list[np.ndarray]:
         """Least-squares answers W A^+ y: one table per workload marginal (unweighted counts)."""
         self._check(workload)
         z = self.residual_estimates(y, [A for A in workload.closure if residual_rank(self.domain_sizes, A) > 0])
@@ -267,13 +266,13 @@ class MarginalStrategy:
         return tables
 
     def release(
-        self, tables: TableFn, workload: MarginalsWorkload, privacy: Privacy,
+        self, tables: TableFn, workload: Marginals, privacy: Privacy,
         rng: np.random.Generator | None = None, *, perturb: Perturb | None = None,
     ) -> list[np.ndarray]:
         """Answers to every workload marginal from the data's marginal tables; noise as in `measure`."""
         return self.reconstruct(self.measure(tables, privacy, rng, perturb=perturb), workload)
 
-    def query_unit_variances(self, workload: MarginalsWorkload) -> np.ndarray:
+    def query_unit_variances(self, workload: Marginals) -> np.ndarray:
         """Variance of each workload query per unit noise variance: each marginal's cell variance, times its weight^2."""
         v = self.marginal_variances(workload)
         return np.concatenate([

@@ -20,18 +20,17 @@ import scipy.sparse as sp
 
 from dpopt.data import Records, data_vector
 from dpopt.error import ErrorReport
-from dpopt.implicit.kronecker import kron_matvec
-from dpopt.implicit.workloads import ImplicitWorkload, KronWorkload, MarginalsWorkload, as_implicit
+from dpopt.linalg import kron_matvec
 from dpopt.privacy import Perturb, Privacy, research_perturb
 from dpopt.strategy import RANK_RTOL, Strategy, StrategyError
-from dpopt.workloads import MAX_DENSE_ENTRIES, Workload
+from dpopt.workloads import MAX_DENSE_ENTRIES, Kron, Workload, kron_form
 
 # Relative tolerance for "the strategy supports the workload" (relative Frobenius residual).
 SUPPORT_RTOL = 1e-8
 
 
 def _report(
-    name: str, workload: ImplicitWorkload, privacy: Privacy, sens: float, unit: float
+    name: str, workload: Workload, privacy: Privacy, sens: float, unit: float
 ) -> ErrorReport:
     var = privacy.variance_factor * sens**2
     total = var * unit
@@ -157,16 +156,16 @@ class KronStrategy:
         """Orthonormal bases of the null spaces of A_i (n_i x (n_i - rank_i))."""
         return [V[:, lam == 0] for lam, V in self._factor_eigs]
 
-    def _check_domain(self, workload: ImplicitWorkload) -> None:
+    def _check_domain(self, workload: Workload) -> None:
         if workload.domain_sizes != self.domain_sizes:
             raise StrategyError(
                 f"strategy {self.name} has factor sizes {self.domain_sizes} but workload {workload.name} has "
                 f"{workload.domain_sizes}; expected the same product domain"
             )
 
-    def _check_measures(self, workload: ImplicitWorkload) -> None:
+    def _check_measures(self, workload: Workload) -> None:
         """A strategy that answers with its measurements (B = I) supports exactly the workload it measures."""
-        same = isinstance(workload, KronWorkload) and all(
+        same = isinstance(workload, Kron) and all(
             f.shape == M.shape and abs(sp.csr_matrix(f.sparse()) - sp.csr_matrix(M)).sum() == 0
             for f, M in zip(workload.factors, self.factors, strict=True))
         if not same:
@@ -176,7 +175,7 @@ class KronStrategy:
     # -- error -----------------------------------------------------------------------------------
     def unit_error(self, workload: Workload) -> float:
         """||W A^+||_F^2 = sum_k a_k prod_i trace(G_ki X_i^+) (per unit noise variance and sensitivity)."""
-        w = as_implicit(workload)
+        w = kron_form(workload)
         self._check_domain(w)
         if self.direct:
             self._check_measures(w)
@@ -195,7 +194,7 @@ class KronStrategy:
         For a term (x)_i G_i: ||W P||_F^2 = prod_i (t_i - e_i) with t_i = trace(G_i), e_i = trace(G_i (I - P_i))
         computed on the null-space basis of A_i, so the residual is prod t_i * (1 - prod (1 - e_i / t_i)).
         """
-        w = as_implicit(workload)
+        w = kron_form(workload)
         self._check_domain(w)
         if self.direct:
             self._check_measures(w)
@@ -222,7 +221,7 @@ class KronStrategy:
 
     def expected_error(self, workload: Workload, privacy: Privacy, rtol: float = SUPPORT_RTOL) -> ErrorReport:
         """Exact expected total squared error and RMSE (seed 004 Prop. 3.3, through the factors)."""
-        w = as_implicit(workload)
+        w = kron_form(workload)
         frac = self.unsupported_fraction(w)
         if frac > rtol:
             raise StrategyError(
@@ -272,14 +271,12 @@ class KronStrategy:
         y = self.measure(x, privacy, rng, perturb=perturb)
         if workload is None:
             return self.estimate(y)
-        w = as_implicit(workload)
+        w = kron_form(workload)
         self._check_domain(w)
         if self.direct:
             self._check_measures(w)
             return y
-        if isinstance(w, MarginalsWorkload):
-            w = w.as_union()
-        terms = [(1.0, w)] if isinstance(w, KronWorkload) else list(zip(w.weights, w.parts, strict=True))  # type: ignore[attr-defined]
+        terms = [(1.0, w)] if isinstance(w, Kron) else list(zip(w.weights, w.parts, strict=True))  # type: ignore[attr-defined]
         return np.concatenate([
             float(wt) * kron_matvec([np.asarray(f.sparse() @ P) for f, P in zip(part.factors, self._pinv_factors,
                                                                                 strict=True)], y)
@@ -292,7 +289,7 @@ class KronStrategy:
         For a Kronecker row w = (x)_k w_k and X^+ = (x)_k X_k^+ it is prod_k w_k^T X_k^+ w_k, so the
         vector is the Kronecker product of the factors' diag(W_k X_k^+ W_k^T); a union stacks its parts'.
         """
-        w = as_implicit(workload)
+        w = kron_form(workload)
         self._check_domain(w)
         if self.direct:
             self._check_measures(w)

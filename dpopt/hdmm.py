@@ -1,4 +1,4 @@
-"""Strategy selection for implicit workloads: Kronecker products, unions of them, and marginals.
+"""HDMM-style strategy selection by workload structure: Kronecker products, unions of them, and marginals.
 
 (eps, delta), Kronecker workload W = (x)_i W_i: each factor is solved to certified optimality
 (`dpopt.solvers.convex_dp`, or the fallback in `gaussian_factor`), and A = (x)_i A_i. This product strategy is optimal for the Kronecker problem, and that
@@ -32,24 +32,24 @@ import numpy as np
 
 from dpopt.baselines import hierarchical_strategy, wavelet_strategy
 from dpopt.error import ErrorReport
-from dpopt.implicit.gaussian_factor import solve_factor_gaussian
-from dpopt.implicit.kronecker import psd_pinv
-from dpopt.implicit.marginal_opt import optimize_marginals_laplace, residual_planner
-from dpopt.implicit.marginal_strategy import MarginalStrategy
-from dpopt.implicit.pidentity import optimize_pidentity, pidentity_matrix
-from dpopt.implicit.strategy import SUPPORT_RTOL, KronStrategy
-from dpopt.implicit.union_strategy import UnionKronStrategy
-from dpopt.implicit.workloads import (
-    ImplicitWorkload,
-    KronWorkload,
-    MarginalsWorkload,
-    UnionWorkload,
-    as_implicit,
-)
+from dpopt.kron_strategy import SUPPORT_RTOL, KronStrategy
+from dpopt.linalg import psd_pinv
+from dpopt.marginal_strategy import MarginalStrategy
 from dpopt.privacy import Privacy
+from dpopt.solvers.gaussian_factor import solve_factor_gaussian
+from dpopt.solvers.marginal_opt import optimize_marginals_laplace, residual_planner
+from dpopt.solvers.pidentity import optimize_pidentity, pidentity_matrix
 from dpopt.solvers.result import CONVERGED, MIN_SOLVER_SECONDS, TIME_LIMIT, SolverResult
 from dpopt.strategy import Strategy
-from dpopt.workloads import GramWorkload, Workload
+from dpopt.union_strategy import UnionKronStrategy
+from dpopt.workloads import (
+    GramWorkload,
+    Kron,
+    Marginals,
+    Stack,
+    Workload,
+    kron_form,
+)
 
 FactorSolver = Callable[[np.ndarray], tuple[np.ndarray, SolverResult]]
 Progress = Callable[[dict[str, Any]], None]
@@ -77,7 +77,7 @@ class ImplicitSelection:
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, strategy: KronStrategy | MarginalStrategy | UnionKronStrategy, workload: ImplicitWorkload,
+    def of(cls, strategy: KronStrategy | MarginalStrategy | UnionKronStrategy, workload: Workload,
            privacy: Privacy, *, solver: str, status: str, iterations: int, t0: float, c0: float,
            unit_bound: tuple[float, str] | None = None, extra: dict[str, Any] | None = None) -> ImplicitSelection:
         """The selection of `strategy`: its exact error, P times the unit bound (the workload's own certified
@@ -241,7 +241,7 @@ def _kept_note(kept: list[str], optimiser: str) -> str:
 
 
 def optimize_kron(
-    workload: KronWorkload, privacy: Privacy, factor_solver: FactorSolver | None = None,
+    workload: Kron, privacy: Privacy, factor_solver: FactorSolver | None = None,
     deadline: float | None = None, progress: Progress | None = None,
 ) -> ImplicitSelection:
     """Product of per-factor optima for a Kronecker workload (certified for (eps, delta); see module doc).
@@ -281,7 +281,7 @@ def optimize_kron(
 
 
 def optimize_union_kron(
-    workload: UnionWorkload,
+    workload: Stack,
     privacy: Privacy,
     sweeps: int = 4,
     rtol: float = 1e-6,
@@ -328,7 +328,7 @@ def optimize_union_kron(
 
 
 def optimize_union_of_krons(
-    workload: UnionWorkload, privacy: Privacy, factor_solver: FactorSolver | None = None,
+    workload: Stack, privacy: Privacy, factor_solver: FactorSolver | None = None,
     deadline: float | None = None, progress: Progress | None = None,
 ) -> ImplicitSelection:
     """HDMM OPT_+: each term k gets its own optimised Kronecker part A^(k) (unit sensitivity), weighted w_k.
@@ -360,7 +360,7 @@ def optimize_union_of_krons(
     )
 
 
-def optimize_union(workload: UnionWorkload, privacy: Privacy, **opts: Any) -> ImplicitSelection:
+def optimize_union(workload: Stack, privacy: Privacy, **opts: Any) -> ImplicitSelection:
     """The better of OPT_(x) (one Kronecker strategy, block descent) and OPT_+ (a union of Kronecker parts).
 
     OPT_+ is skipped when opts' deadline has passed after OPT_(x) (status TIME_LIMIT).
@@ -379,7 +379,7 @@ def optimize_union(workload: UnionWorkload, privacy: Privacy, **opts: Any) -> Im
     return best
 
 
-def optimize_marginals(workload: MarginalsWorkload, privacy: Privacy, **opts: Any) -> ImplicitSelection:
+def optimize_marginals(workload: Marginals, privacy: Privacy, **opts: Any) -> ImplicitSelection:
     """(eps, delta): ResidualPlanner's closed form (optimal, gap 0); eps-DP: HDMM's marginal template."""
     t0, c0 = time.perf_counter(), time.process_time()
     if privacy.is_pure:
@@ -401,15 +401,15 @@ def hdmm_rmse(selection: ImplicitSelection, privacy: Privacy) -> float:
     return math.sqrt(selection.error.total / privacy.variance_factor / selection.error.m)
 
 
-def select_strategy(workload: Workload | ImplicitWorkload, privacy: Privacy, **opts: Any) -> ImplicitSelection:
+def select_strategy(workload: Workload, privacy: Privacy, **opts: Any) -> ImplicitSelection:
     """Dispatch on the workload's structure: marginals, a single Kronecker product, or a union."""
     if not isinstance(privacy, Privacy):
         raise ValueError(f"privacy must be a dpopt.privacy.Privacy, got {type(privacy).__name__}")
-    w = as_implicit(workload)
-    if isinstance(w, MarginalsWorkload):
+    w = kron_form(workload)
+    if isinstance(w, Marginals):
         return optimize_marginals(w, privacy, **opts)
-    if isinstance(w, KronWorkload):
+    if isinstance(w, Kron):
         return optimize_kron(w, privacy, **opts)
-    if isinstance(w, UnionWorkload):
+    if isinstance(w, Stack):
         return optimize_union(w, privacy, **opts)
     raise ValueError(f"no optimiser for workload type {type(w).__name__}")

@@ -4,6 +4,7 @@ import math
 
 import numpy as np
 import pytest
+from reference_workloads import explicit
 
 from dpopt.baselines import (
     hierarchical_strategy,
@@ -12,12 +13,11 @@ from dpopt.baselines import (
     wavelet_strategy,
 )
 from dpopt.error import expected_error, unit_error
-from dpopt.implicit.marginal_strategy import MarginalStrategy, helmert_basis
-from dpopt.implicit.strategy import KronStrategy
-from dpopt.implicit.workloads import KronWorkload, MarginalsWorkload, UnionWorkload
+from dpopt.kron_strategy import KronStrategy
+from dpopt.marginal_strategy import MarginalStrategy, helmert_basis
 from dpopt.privacy import Privacy
 from dpopt.strategy import StrategyError
-from dpopt.workloads import AllRange, Identity, Kron, Prefix, Stack, Total
+from dpopt.workloads import AllRange, Identity, Kron, Marginals, Prefix, Stack, Total
 
 # Kronecker routes vs the dense matrices here: sensitivities are products and maxima of a few sums (a
 # few ulps: 1e-12); errors and estimates are solves with cond <= ~1e3 at n <= 72 (n cond eps < 2e-11:
@@ -28,28 +28,28 @@ def test_kron_strategy_matches_dense():
     parts = [hierarchical_strategy(6), wavelet_strategy(4), identity_strategy(3)]
     S = KronStrategy(parts)
     D = kron_strategy(parts)
-    W = KronWorkload([AllRange(6), Prefix(4), Total(3)])
+    W = Kron([AllRange(6), Prefix(4), Total(3)])
     assert S.shape == D.shape
     assert S.sens1 == pytest.approx(D.sens1, rel=1e-12)
     assert S.sens2 == pytest.approx(D.sens2, rel=1e-12)
-    assert S.unit_error(W) == pytest.approx(unit_error(D, W.dense()), rel=1e-10)
+    assert S.unit_error(W) == pytest.approx(unit_error(D, explicit(W)), rel=1e-10)
     for priv in (Privacy(0.5), Privacy(1.0, 1e-5)):
         assert S.expected_error(W, priv).total == pytest.approx(
-            expected_error(D, W.dense(), priv).total, rel=1e-10
+            expected_error(D, explicit(W), priv).total, rel=1e-10
         )
-    U = UnionWorkload([KronWorkload([AllRange(6), Identity(4), Total(3)]), W], weights=[2.0, 1.0])
-    dense_u = Stack([Kron([AllRange(6), Identity(4), Total(3)]), W.dense()], weights=[2.0, 1.0])
+    U = Stack([Kron([AllRange(6), Identity(4), Total(3)]), W], weights=[2.0, 1.0])
+    dense_u = Stack([Kron([AllRange(6), Identity(4), Total(3)]), explicit(W)], weights=[2.0, 1.0])
     assert S.unit_error(U) == pytest.approx(unit_error(D, dense_u), rel=1e-10)
 
 
 def test_kron_support_detects_missing_directions():
     total = np.ones((1, 4))
     S = KronStrategy([total, np.eye(3)])
-    ok = KronWorkload([Total(4), Prefix(3)])
-    bad = KronWorkload([Prefix(4), Prefix(3)])
+    ok = Kron([Total(4), Prefix(3)])
+    bad = Kron([Prefix(4), Prefix(3)])
     assert S.supports(ok)
     assert not S.supports(bad)
-    dense_frac = S.to_dense().unsupported_fraction(bad.dense())
+    dense_frac = S.to_dense().unsupported_fraction(explicit(bad))
     assert S.unsupported_fraction(bad) == pytest.approx(dense_frac, rel=1e-10)
     with pytest.raises(StrategyError, match="does not support"):
         S.expected_error(bad, Privacy(1.0))
@@ -67,7 +67,7 @@ def test_estimate_is_least_squares_through_factors():
 def test_answer_on_a_million_cells():
     """2^20 cells: measurement, least squares and W x_hat all through Kronecker matvecs."""
     S = KronStrategy([hierarchical_strategy(1024), hierarchical_strategy(1024)])
-    W = KronWorkload([Prefix(1024), Identity(1024)])
+    W = Kron([Prefix(1024), Identity(1024)])
     rng = np.random.default_rng(0)
     x = rng.integers(0, 20, 1024 * 1024).astype(float)
     priv = Privacy(1.0, 1e-6)
@@ -93,7 +93,7 @@ def _dense_y(strat: MarginalStrategy, y: dict) -> np.ndarray:
 @pytest.mark.parametrize("kind", ["residual", "marginals"])
 def test_marginal_strategy_matches_dense(kind):
     sizes = [2, 3, 4]
-    W = MarginalsWorkload(sizes, subsets=[(0, 1), (0, 2), (1, 2), (1,)], weights=[1.0, 2.0, 0.5, 1.5])
+    W = Marginals(sizes, subsets=[(0, 1), (0, 2), (1, 2), (1,)], weights=[1.0, 2.0, 0.5, 1.5])
     rng = np.random.default_rng(5)
     if kind == "residual":
         subsets = [(), (0,), (1,), (2,), (0, 1), (0, 2), (1, 2)]
@@ -101,7 +101,7 @@ def test_marginal_strategy_matches_dense(kind):
         subsets = [(0, 1), (0, 2), (1, 2), (0,)]
     S = MarginalStrategy(sizes, kind, subsets, rng.random(len(subsets)) + 0.3)
     D = S.to_dense()
-    Wd = W.dense()
+    Wd = explicit(W)
     assert S.sens2 == pytest.approx(D.sens2, rel=1e-12)
     if kind == "marginals":
         assert S.sens1 == pytest.approx(D.sens1, rel=1e-12)
@@ -139,7 +139,7 @@ def test_helmert_basis_is_orthonormal_complement_of_ones():
 
 
 def test_marginal_strategy_refuses_unmeasured_residuals():
-    W = MarginalsWorkload([2, 3], k=2)
+    W = Marginals([2, 3], k=2)
     S = MarginalStrategy([2, 3], "marginals", [(0,), (1,)], [1.0, 1.0])
     assert not S.supports(W)
     with pytest.raises(StrategyError, match="does not support"):
@@ -151,7 +151,7 @@ def test_marginal_strategy_refuses_unmeasured_residuals():
 def test_union_kron_strategy_sensitivity_and_error_match_dense():
     import scipy.sparse as sp
 
-    from dpopt.implicit.union_strategy import UnionKronStrategy
+    from dpopt.union_strategy import UnionKronStrategy
 
     rng = np.random.default_rng(7)
     p1 = KronStrategy([rng.random((5, 4)), rng.random((3, 3))])
@@ -161,10 +161,10 @@ def test_union_kron_strategy_sensitivity_and_error_match_dense():
     assert S.sens_exact
     assert S.sens1 == pytest.approx(np.abs(stacked).sum(axis=0).max(), rel=1e-12)
     assert S.sens2 == pytest.approx(np.sqrt((stacked**2).sum(axis=0).max()), rel=1e-12)
-    U = UnionWorkload([KronWorkload([AllRange(4), Prefix(3)]), KronWorkload([Identity(4), Total(3)])], weights=[1.0, 2.0])
+    U = Stack([Kron([AllRange(4), Prefix(3)]), Kron([Identity(4), Total(3)])], weights=[1.0, 2.0])
     dense = 0.0
     for wt, part, k in ((1.0, U.parts[0], 0), (2.0, U.parts[1], 1)):
-        Wd = sp.csr_matrix(part.dense().sparse()).toarray()
+        Wd = sp.csr_matrix(explicit(part).sparse()).toarray()
         Ak = [p1, p2][k].to_dense().A.toarray() * [0.7, 1.6][k]
         dense += wt**2 * float(np.sum((Wd @ np.linalg.pinv(Ak)) ** 2))
     assert S.unit_error(U) == pytest.approx(dense, rel=1e-9)

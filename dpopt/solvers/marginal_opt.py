@@ -19,21 +19,21 @@ from typing import Any
 import numpy as np
 from scipy.optimize import minimize
 
-from dpopt.implicit.marginal_algebra import attrs_of, superset_incidence
-from dpopt.implicit.marginal_strategy import MarginalStrategy
-from dpopt.implicit.workloads import MarginalsWorkload
+from dpopt.linalg import attrs_of, superset_incidence
+from dpopt.marginal_strategy import MarginalStrategy
 from dpopt.solvers.lbfgs import LbfgsMonitor
 from dpopt.solvers.result import CONVERGED, MAX_ITER, STALLED, TIME_LIMIT, SolverResult
 from dpopt.validation import as_generator
+from dpopt.workloads import Marginals
 
 
-def residual_planner(workload: MarginalsWorkload) -> tuple[MarginalStrategy, float]:
+def residual_planner(workload: Marginals) -> tuple[MarginalStrategy, float]:
     """ResidualPlanner's optimal (eps, delta) strategy for weighted marginals (Xiao et al. 2023), closed form.
 
     Returns (strategy with sens2 = 1, its unit error trace(W^T W X^+) = SVDB(W)).
     """
-    if not isinstance(workload, MarginalsWorkload):
-        raise ValueError(f"residual_planner needs a MarginalsWorkload, got {type(workload).__name__}")
+    if not isinstance(workload, Marginals):
+        raise ValueError(f"residual_planner needs a Marginals, got {type(workload).__name__}")
     c, r = workload.scaled_eigenvalues, workload.multiplicities
     live = (c > 0) & (r > 0)
     s = float(np.dot(r[live], np.sqrt(c[live])))
@@ -44,7 +44,7 @@ def residual_planner(workload: MarginalsWorkload) -> tuple[MarginalStrategy, flo
     return strat, s * s
 
 
-def candidate_marginals(workload: MarginalsWorkload, candidates: str | Sequence[Sequence[int]]) -> list[int]:
+def candidate_marginals(workload: Marginals, candidates: str | Sequence[Sequence[int]]) -> list[int]:
     """Bitmasks of the marginals the eps-DP template may measure.
 
     "closure": every subset of a workload marginal (the default; tables no larger than the workload's);
@@ -62,7 +62,7 @@ def candidate_marginals(workload: MarginalsWorkload, candidates: str | Sequence[
     return masks
 
 
-def marginal_baselines(workload: MarginalsWorkload) -> dict[str, MarginalStrategy]:
+def marginal_baselines(workload: Marginals) -> dict[str, MarginalStrategy]:
     """The eps-DP baselines in the marginal template: the full table (noise on data) and the workload itself."""
     sizes = workload.domain_sizes
     every = [tuple(range(len(sizes)))]
@@ -73,13 +73,13 @@ def marginal_baselines(workload: MarginalsWorkload) -> dict[str, MarginalStrateg
     }
 
 
-def laplace_marginal_error(strategy: MarginalStrategy, workload: MarginalsWorkload) -> float:
+def laplace_marginal_error(strategy: MarginalStrategy, workload: Marginals) -> float:
     """sens1^2 trace(W^T W X^+) of a marginal-template strategy: its eps-DP error up to 2/eps^2."""
     return strategy.unit_error(workload) * strategy.sens1**2
 
 
 def optimize_marginals_laplace(
-    workload: MarginalsWorkload,
+    workload: Marginals,
     candidates: str | Sequence[Sequence[int]] = "closure",
     restarts: int = 3,
     seed: int | np.random.Generator | None = 0,
@@ -101,8 +101,8 @@ def optimize_marginals_laplace(
     iteration; every theta > 0 is a valid strategy, and the baselines are still compared).
     progress: called after each L-BFGS iteration with {"iteration", "stage"}.
     """
-    if not isinstance(workload, MarginalsWorkload):
-        raise ValueError(f"need a MarginalsWorkload, got {type(workload).__name__}")
+    if not isinstance(workload, Marginals):
+        raise ValueError(f"need a Marginals, got {type(workload).__name__}")
     if restarts < 1:
         raise ValueError(f"restarts must be >= 1, got {restarts}")
     sizes = workload.domain_sizes

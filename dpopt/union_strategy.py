@@ -25,11 +25,11 @@ from functools import cached_property
 import numpy as np
 
 from dpopt.error import ErrorReport
-from dpopt.implicit.kronecker import kron_column_norms, kron_matvec
-from dpopt.implicit.strategy import SUPPORT_RTOL, KronStrategy, _report
-from dpopt.implicit.workloads import UnionWorkload
+from dpopt.kron_strategy import SUPPORT_RTOL, KronStrategy, _report
+from dpopt.linalg import kron_column_norms, kron_matvec
 from dpopt.privacy import Perturb, Privacy, research_perturb
 from dpopt.strategy import StrategyError
+from dpopt.workloads import Stack
 
 # Largest domain on which the stacked column norms are scanned exactly.
 EXACT_SENS_CELLS = 50_000_000
@@ -109,15 +109,15 @@ class UnionKronStrategy:
         """L2 sensitivity (see `sensitivity`)."""
         return self.sensitivity(2)
 
-    def _check(self, workload: UnionWorkload) -> None:
-        if not isinstance(workload, UnionWorkload):
-            raise StrategyError(f"{self.name} answers a UnionWorkload, got {type(workload).__name__}")
+    def _check(self, workload: Stack) -> None:
+        if not isinstance(workload, Stack):
+            raise StrategyError(f"{self.name} answers a Stack, got {type(workload).__name__}")
         if len(workload.parts) != len(self.assignment):
             raise StrategyError(
                 f"assignment covers {len(self.assignment)} terms but {workload.name} has {len(workload.parts)}"
             )
 
-    def unit_error(self, workload: UnionWorkload) -> float:
+    def unit_error(self, workload: Stack) -> float:
         """sum_j a_j / w_{p(j)}^2 prod_i trace(G_ji X_i^(p(j))+) (per unit noise variance and sensitivity)."""
         self._check(workload)
         total = 0.0
@@ -125,19 +125,19 @@ class UnionKronStrategy:
             total += float(wt) ** 2 * self.parts[k].unit_error(part) / self.weights[k] ** 2
         return total
 
-    def unsupported_fraction(self, workload: UnionWorkload) -> float:
+    def unsupported_fraction(self, workload: Stack) -> float:
         """Largest relative residual of a workload term against the part that answers it."""
         self._check(workload)
         return max(self.parts[k].unsupported_fraction(p) for k, p in zip(self.assignment, workload.parts, strict=True))
 
-    def expected_error(self, workload: UnionWorkload, privacy: Privacy, rtol: float = SUPPORT_RTOL) -> ErrorReport:
+    def expected_error(self, workload: Stack, privacy: Privacy, rtol: float = SUPPORT_RTOL) -> ErrorReport:
         """Exact expected error of the per-term estimator (an upper bound for stacked least squares)."""
         frac = self.unsupported_fraction(workload)
         if frac > rtol:
             raise StrategyError(f"{self.name} does not support {workload.name}: relative residual {frac:.3g}")
         return _report(self.name, workload, privacy, self.sensitivity(privacy.norm), self.unit_error(workload))
 
-    def answer(self, x: np.ndarray, privacy: Privacy, rng: np.random.Generator | None, workload: UnionWorkload,
+    def answer(self, x: np.ndarray, privacy: Privacy, rng: np.random.Generator | None, workload: Stack,
                *, perturb: Perturb | None = None) -> np.ndarray:
         """Each term answered from its own part's least-squares estimate (m,); noise from `perturb` (default rng's)."""
         self._check(workload)
@@ -155,7 +155,7 @@ class UnionKronStrategy:
             [wt * p.matvec(x_hat[k]) for k, wt, p in zip(self.assignment, workload.weights, workload.parts, strict=True)]
         )
 
-    def query_unit_variances(self, workload: UnionWorkload) -> np.ndarray:
+    def query_unit_variances(self, workload: Stack) -> np.ndarray:
         """Variance of each query's answer per unit noise variance: term j from part k, (w_j / w_k)^2 w_i^T X_k^+ w_i."""
         self._check(workload)
         return np.concatenate([

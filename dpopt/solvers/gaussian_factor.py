@@ -24,7 +24,7 @@ import time
 import numpy as np
 from scipy.optimize import minimize
 
-from dpopt.implicit.kronecker import psd_pinv
+from dpopt.linalg import psd_pinv
 from dpopt.solvers.result import CONVERGED, MAX_ITER, STALLED, SolverResult
 
 

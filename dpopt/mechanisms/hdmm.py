@@ -1,6 +1,6 @@
-"""An HDMM-like mechanism over implicit workloads, usable by `dpopt compare`.
+"""HDMM (McKenna et al. 2018): a factored strategy for a structured workload of any size, usable by `dpopt compare`.
 
-It selects a factored strategy (`optimize.select_strategy`) and never materialises W or A, so it cannot
+It selects a factored strategy (`dpopt.hdmm.select_strategy`) and never materialises W or A, so it cannot
 hand a dense Strategy to the base class's fit; it keeps the base interface (fit / answer /
 expected_error / record with the same keys) and computes everything through the factors.
 """
@@ -12,18 +12,18 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from dpopt.implicit.optimize import ImplicitSelection, select_strategy
-from dpopt.implicit.union_strategy import UnionKronStrategy
-from dpopt.implicit.workloads import (
-    ImplicitWorkload,
-    KronWorkload,
-    UnionWorkload,
-    as_implicit,
-)
+from dpopt.hdmm import ImplicitSelection, select_strategy
 from dpopt.mechanisms.base import FitInfo, Mechanism, MechanismError, Selection, current_budget
 from dpopt.privacy import Privacy
 from dpopt.solvers.result import TIME_LIMIT
-from dpopt.workloads import Workload
+from dpopt.union_strategy import UnionKronStrategy
+from dpopt.workloads import (
+    Kron,
+    Marginals,
+    Stack,
+    Workload,
+    kron_form,
+)
 
 # Largest domain on which hdmm also selects over all cells as one factor (see _one_factor_if_better).
 ONE_FACTOR_MAX_CELLS = 1024
@@ -78,12 +78,12 @@ class HDMMMechanism(Mechanism):
         if not isinstance(privacy, Privacy):
             raise MechanismError(f"{self.short_name}: privacy must be a dpopt.privacy.Privacy")
         try:
-            w = as_implicit(workload)
+            w = kron_form(workload)
             sel: ImplicitSelection = select_strategy(w, privacy, **self._budget_options(start))
             w, sel = self._one_factor_if_better(w, sel, privacy, start)
         except ValueError as exc:
             raise MechanismError(f"{self.short_name}: {exc}") from None
-        self.workload_: ImplicitWorkload = w  # type: ignore[assignment]
+        self.workload_: Workload = w  # type: ignore[assignment]
         # the workload as given (e.g. bound to a data Domain, with row labels), for release mode
         self.input_workload_ = workload if isinstance(workload, Workload) else None
         self.privacy_ = privacy
@@ -104,20 +104,20 @@ class HDMMMechanism(Mechanism):
         return self
 
     def _one_factor_if_better(
-        self, w: ImplicitWorkload, sel: ImplicitSelection, privacy: Privacy, start: float
-    ) -> tuple[ImplicitWorkload, ImplicitSelection]:
+        self, w: Workload, sel: ImplicitSelection, privacy: Privacy, start: float
+    ) -> tuple[Workload, ImplicitSelection]:
         """For a union of Kronecker products on a small domain, the one-factor selection too, if better.
 
         The union-of-products template is a restriction (each term answered by one product part): over
         the whole domain as one factor the selection is the (eps, delta) optimum, or p-Identity under
         eps-DP, which it may beat.
         """
-        if not isinstance(w, UnionWorkload) or w.n > ONE_FACTOR_MAX_CELLS:
+        if not isinstance(w, Stack) or isinstance(w, Marginals) or w.n > ONE_FACTOR_MAX_CELLS:
             return w, sel
         budget = current_budget()
         if budget.time_limit is not None and time.perf_counter() - start >= budget.time_limit:
             return w, sel
-        one = KronWorkload([w.dense()], name=w.name)
+        one = Kron([w], name=w.name)
         alt = select_strategy(one, privacy, **self._budget_options(start))
         if alt.error.total < sel.error.total:
             alt.extra["template"] = f"one factor over {w.n} cells (less error than the factored template)"

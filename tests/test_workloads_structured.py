@@ -1,13 +1,14 @@
-"""Implicit workloads agree with the dense path on small products; they never need the dense path on large ones."""
+"""Structured workloads (Kron, Stack of Krons, Marginals) agree with their explicit rows on small products; they never
+need the rows on large ones."""
 
 import math
 
 import numpy as np
 import pytest
+from reference_workloads import explicit
 
 from dpopt.bounds import svd_bound
-from dpopt.implicit.kronecker import kron_matvec
-from dpopt.implicit.workloads import KronWorkload, MarginalsWorkload, UnionWorkload, as_implicit
+from dpopt.linalg import kron_matvec
 from dpopt.workloads import (
     AllRange,
     Identity,
@@ -18,6 +19,7 @@ from dpopt.workloads import (
     Total,
     WidthK,
     WorkloadTooLargeError,
+    kron_form,
 )
 
 EPS = np.finfo(float).eps
@@ -49,20 +51,16 @@ def test_kron_matvec_rejects_wrong_length():
 
 
 def _small_workloads():
-    kron = KronWorkload([AllRange(5), Prefix(4), WidthK(3, 2)])
-    union = UnionWorkload(
-        [KronWorkload([AllRange(6), Identity(4)]), KronWorkload([Total(6), Prefix(4)])], weights=[1.0, 2.5]
+    kron = Kron([AllRange(5), Prefix(4), WidthK(3, 2)])
+    union = Stack(
+        [Kron([AllRange(6), Identity(4)]), Kron([Total(6), Prefix(4)])], weights=[1.0, 2.5]
     )
-    marg = MarginalsWorkload([2, 3, 4], subsets=[(0, 1), (2,), (1, 2)], weights=[1.0, 3.0, 0.5])
-    return [
-        (kron, Kron(kron.factors)),
-        (union, Stack([Kron([AllRange(6), Identity(4)]), Kron([Total(6), Prefix(4)])], weights=[1.0, 2.5])),
-        (marg, Marginals([2, 3, 4], subsets=[(0, 1), (2,), (1, 2)], weights=[1.0, 3.0, 0.5])),
-    ]
+    marg = Marginals([2, 3, 4], subsets=[(0, 1), (2,), (1, 2)], weights=[1.0, 3.0, 0.5])
+    return [(w, explicit(w)) for w in (kron, union, marg)]
 
 
 @pytest.mark.parametrize("pair", _small_workloads(), ids=["kron", "union", "marginals"])
-def test_implicit_matches_dense(pair):
+def test_structured_matches_explicit_rows(pair):
     imp, dense = pair
     G = dense.gram()
     assert imp.shape == dense.shape
@@ -78,7 +76,7 @@ def test_implicit_matches_dense(pair):
     x = rng.integers(0, 9, dense.n).astype(float)
     # integer data through integer/dyadic rows: exact in either order (atol for safety only, << 1)
     np.testing.assert_allclose(imp.matvec(x), dense.sparse() @ x, rtol=1e-12, atol=1e-9)
-    if not isinstance(imp, UnionWorkload):
+    if isinstance(imp, Kron | Marginals):
         # Two routes to the SVD bound (the factors' Gram eigenvalues vs W's singular values), each
         # rounded downwards. On these rank-deficient products the Gram route can only place a null
         # singular value to sqrt(n eps) of the largest (the square root of an eigenvalue known to
@@ -92,7 +90,7 @@ def test_svd_bound_of_kron_is_product_of_factors():
     prod = svd_bound(W1) * svd_bound(W2)
     # Full-rank factors (n <= 7): each factor's bound is good to ~ n eps sqrt(cond) < 1e-13 whichever
     # route computes it; the product of two such bounds: 1e-12.
-    assert KronWorkload([W1, W2]).svd_bound() == pytest.approx(prod, rel=1e-12)
+    assert Kron([W1, W2]).svd_bound() == pytest.approx(prod, rel=1e-12)
     # the dense 35-cell product from its own SVD, lowered by that SVD's round-off bound (a small multiple
     # of n^2 eps ~ 3e-13 relative): 1e-9
     assert svd_bound(Kron([W1, W2])) == pytest.approx(prod, rel=1e-9)
@@ -100,8 +98,8 @@ def test_svd_bound_of_kron_is_product_of_factors():
 
 def test_marginal_spectrum_is_exact():
     """Eigenvalues c_A with multiplicities r_A reproduce the dense spectrum of W^T W."""
-    w = MarginalsWorkload([2, 3, 4], k=2, weights=[1.0, 2.0, 0.5])
-    dense_eigs = np.sort(np.linalg.eigvalsh(w.dense().gram()))
+    w = Marginals([2, 3, 4], k=2, weights=[1.0, 2.0, 0.5])
+    dense_eigs = np.sort(np.linalg.eigvalsh(explicit(w).gram()))
     ours = np.sort(np.repeat(w.scaled_eigenvalues * 24, w.multiplicities.astype(int)))
     ours = np.concatenate([np.zeros(24 - ours.size), ours])
     # eigvalsh at n = 24 with ||G|| = 16.5: each eigenvalue to ~ n eps ||G|| ~ 1e-13
@@ -109,7 +107,7 @@ def test_marginal_spectrum_is_exact():
 
 
 def test_large_workloads_never_densify():
-    w = KronWorkload([AllRange(256), AllRange(256)])
+    w = Kron([AllRange(256), AllRange(256)])
     assert w.shape == (32896**2, 65536)
     with pytest.raises(WorkloadTooLargeError):
         w.gram()
@@ -117,7 +115,7 @@ def test_large_workloads_never_densify():
     # trace(G_AllRange(256)) = 2.8e6 is an integer and its square (8e12) is below 2^53: exact, but allow
     # the product to be formed in another order (an ulp)
     assert w.frobenius_sq() == pytest.approx(float(np.trace(AllRange(256).gram())) ** 2, rel=1e-15)
-    adult_like = MarginalsWorkload([85, 9, 100, 16, 7, 15, 6, 5, 2, 100, 100, 99, 42, 2], k=3)
+    adult_like = Marginals([85, 9, 100, 16, 7, 15, 6, 5, 2, 100, 100, 99, 42, 2], k=3)
     assert adult_like.n == math.prod([85, 9, 100, 16, 7, 15, 6, 5, 2, 100, 100, 99, 42, 2])
     assert len(adult_like.closure) == 1 + 14 + 91 + 364
     # 364 marginals of ||W_A||_F^2 = n each (n ~ 1e19 > 2^53, so each term is already rounded): a 364-term
@@ -126,23 +124,23 @@ def test_large_workloads_never_densify():
 
 
 def test_as_implicit_converts_dense_structures():
-    assert isinstance(as_implicit(Kron([AllRange(3), Prefix(2)])), KronWorkload)
-    m = as_implicit(Marginals([2, 3], k=1))
-    assert isinstance(m, MarginalsWorkload) and m.subsets == [(0,), (1,)]
-    u = as_implicit(Stack([Kron([AllRange(3), Prefix(2)]), Kron([Identity(3), Total(2)])]))
-    assert isinstance(u, UnionWorkload)
-    one = as_implicit(AllRange(4))
-    assert isinstance(one, KronWorkload) and one.n_factors == 1
+    assert isinstance(kron_form(Kron([AllRange(3), Prefix(2)])), Kron)
+    m = kron_form(Marginals([2, 3], k=1))
+    assert isinstance(m, Marginals) and m.subsets == [(0,), (1,)]
+    u = kron_form(Stack([Kron([AllRange(3), Prefix(2)]), Kron([Identity(3), Total(2)])]))
+    assert isinstance(u, Stack)
+    one = kron_form(AllRange(4))
+    assert isinstance(one, Kron) and one.n_factors == 1
 
 
 def test_validation_errors_name_the_problem():
     with pytest.raises(ValueError, match="exactly one of k"):
-        MarginalsWorkload([2, 3])
+        Marginals([2, 3])
     with pytest.raises(ValueError, match="outside"):
-        MarginalsWorkload([2, 3], subsets=[(0, 5)])
+        Marginals([2, 3], subsets=[(0, 5)])
     with pytest.raises(ValueError, match="weights"):
-        MarginalsWorkload([2, 3], k=1, weights=[1.0, -1.0])
-    with pytest.raises(ValueError, match="factor domain sizes"):
-        UnionWorkload([KronWorkload([AllRange(3)]), KronWorkload([AllRange(4)])])
+        Marginals([2, 3], k=1, weights=[1.0, -1.0])
+    with pytest.raises(ValueError, match="same number of cells"):
+        Stack([Kron([AllRange(3)]), Kron([AllRange(4)])])
     with pytest.raises(ValueError, match="at least one"):
-        KronWorkload([])
+        Kron([])
