@@ -17,12 +17,19 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"dpopt: error: {message}\n")
 
 
-def _add_privacy(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--epsilon", "-e", type=float, required=True, help="privacy parameter epsilon > 0")
-    p.add_argument("--delta", "-d", type=float, default=0.0,
+def add_privacy_flags(p: argparse.ArgumentParser, epsilon_help: str | None = None) -> None:
+    """--epsilon, --delta and --calibration, the same for every command (required --epsilon unless
+    `epsilon_help` says when it may be left out)."""
+    from dpopt.privacy import CALIBRATIONS, DEFAULT_CALIBRATION
+
+    p.add_argument("--epsilon", "-e", type=float, required=epsilon_help is None, default=None, metavar="E",
+                   help=epsilon_help or "privacy parameter epsilon > 0")
+    p.add_argument("--delta", "-d", type=float, default=0.0, metavar="D",
                    help="delta in [0, 1); 0 (default) means eps-DP with Laplace noise")
-    p.add_argument("--calibration", choices=["classic", "analytic"], default="classic",
-                   help="Gaussian calibration: the seeds' classic sigma (default) or the analytic Gaussian")
+    p.add_argument("--calibration", choices=CALIBRATIONS, default=DEFAULT_CALIBRATION,
+                   help=f"Gaussian calibration of the error model when delta > 0: the seeds' classic sigma "
+                        f"(default: {DEFAULT_CALIBRATION}) or the analytic Gaussian; a release (dpopt answer) "
+                        "always draws the smallest sigma OpenDP certifies")
 
 
 def _time_limit(text: str) -> float | None:
@@ -78,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--workload", "-w", default="allrange:256", help="workload spec (default allrange:256)")
-    _add_privacy(p)
+    add_privacy_flags(p)
     p.add_argument("--mechanisms", "-m", default=None, help="comma-separated short names (default: all available)")
     p.add_argument("--format", "-f", choices=["table", "markdown", "csv", "json"], default="table")
     p.add_argument("--plot", default=None,

@@ -51,6 +51,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from dpopt.privacy import DEFAULT_CALIBRATION
+
 if TYPE_CHECKING:
     from dpopt.marginal_strategy import MarginalStrategy, TableFn
     from dpopt.privacy import Privacy
@@ -121,7 +123,7 @@ class Task:
     mechanism: str
     epsilon: float
     delta: float = 0.0
-    calibration: str = "classic"
+    calibration: str = DEFAULT_CALIBRATION
     solver: str | None = None
     params: tuple[tuple[str, Any], ...] = ()
     repetition: int = 0
@@ -279,7 +281,7 @@ class SweepConfig:
     solvers: list[str | None] = field(default_factory=lambda: [None])
     epsilon: list[float] = field(default_factory=lambda: [1.0])
     delta: list[float] = field(default_factory=lambda: [0.0])
-    calibration: str = "classic"
+    calibration: str = DEFAULT_CALIBRATION
     repetitions: int = 1
     monte_carlo_trials: int = 0
     data: str | None = None
@@ -321,7 +323,7 @@ class SweepConfig:
             solvers=solvers,
             epsilon=[float(e) for e in _as_list(d.get("epsilon", [1.0]))],
             delta=[float(x) for x in _as_list(d.get("delta", [0.0]))],
-            calibration=str(d.get("calibration", "classic")),
+            calibration=str(d.get("calibration", DEFAULT_CALIBRATION)),
             repetitions=reps,
             monte_carlo_trials=trials,
             data=d.get("data"),

@@ -1,7 +1,7 @@
 """HDMM-style strategy selection by workload structure: Kronecker products, unions of them, and marginals.
 
 (eps, delta), Kronecker workload W = (x)_i W_i: each factor is solved to certified optimality
-(`dpopt.solvers.convex_dp`, or the fallback in `gaussian_factor`), and A = (x)_i A_i. This product strategy is optimal for the Kronecker problem, and that
+(`dpopt.solvers.convex_dp`), and A = (x)_i A_i. This product strategy is optimal for the Kronecker problem, and that
 is certified: with factor duals u_i, the product u = (x)_i u_i is dual feasible for the product problem and
 phi(u) = T(u)^2 / sum(u) = prod_i T_i^2 / sum(u_i) = prod_i phi_i(u_i), because
 (D_u^{1/2} G D_u^{1/2})^{1/2} = (x)_i (D_i^{1/2} G_i D_i^{1/2})^{1/2} and traces and sums of Kronecker products
@@ -36,7 +36,7 @@ from dpopt.kron_strategy import SUPPORT_RTOL, KronStrategy
 from dpopt.linalg import psd_pinv
 from dpopt.marginal_strategy import MarginalStrategy
 from dpopt.privacy import Privacy
-from dpopt.solvers.gaussian_factor import solve_factor_gaussian
+from dpopt.solvers.convex_dp import solve_convex_dp
 from dpopt.solvers.marginal_opt import optimize_marginals_laplace, residual_planner
 from dpopt.solvers.pidentity import optimize_pidentity, pidentity_matrix
 from dpopt.solvers.result import CONVERGED, MIN_SOLVER_SECONDS, TIME_LIMIT, SolverResult
@@ -101,16 +101,10 @@ def gaussian_factor(
 ) -> tuple[np.ndarray, SolverResult]:
     """Certified (eps, delta) factor strategy (A_i with sens2 = 1, solver result), or a baseline it ties with.
 
-    Uses `dpopt.solvers.convex_dp.solve_convex_dp` (dual Newton-CG) when it is installed, else the
-    L-BFGS dual fallback of `gaussian_factor`; both return the same scaled dual certificate.
+    Uses `dpopt.solvers.convex_dp.solve_convex_dp` (dual Newton-CG, seed 002's dual certified).
     deadline (a `time.perf_counter()` value) becomes solve_convex_dp's time_limit: past it, the solver
     returns its iterate with status TIME_LIMIT and its certified gap; progress gets its iterations.
     """
-    try:
-        from dpopt.solvers.convex_dp import solve_convex_dp
-    except ImportError:
-        res = solve_factor_gaussian(G, tol=max(tol, 1e-6))
-        return Strategy.from_gram(res.x).A, res
     kwargs: dict[str, Any] = {}
     if deadline is not None:
         kwargs["time_limit"] = max(deadline - time.perf_counter(), MIN_SOLVER_SECONDS)

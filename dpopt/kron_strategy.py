@@ -22,7 +22,7 @@ from dpopt.data import Records, data_vector
 from dpopt.error import ErrorReport
 from dpopt.linalg import kron_matvec
 from dpopt.privacy import Perturb, Privacy, research_perturb
-from dpopt.strategy import RANK_RTOL, Strategy, StrategyError
+from dpopt.strategy import RANK_RTOL, FactoredStrategy, Strategy, StrategyError
 from dpopt.workloads import MAX_DENSE_ENTRIES, Kron, Workload, kron_form
 
 # Relative tolerance for "the strategy supports the workload" (relative Frobenius residual).
@@ -65,7 +65,7 @@ def _is_identity(B: np.ndarray | sp.spmatrix) -> bool:
     return D.count_nonzero() == 0
 
 
-class KronStrategy:
+class KronStrategy(FactoredStrategy):
     """A = A_1 (x) ... (x) A_d with least-squares reconstruction B = W A^+ through the factors."""
 
     def __init__(self, factors: Sequence[np.ndarray | sp.spmatrix | Strategy], name: str = "kron") -> None:
@@ -98,6 +98,11 @@ class KronStrategy:
     def shape(self) -> tuple[int, int]:
         """(r, n) = (prod r_i, prod n_i)."""
         return (math.prod(int(M.shape[0]) for M in self.factors), math.prod(self.domain_sizes))
+
+    @property
+    def rank(self) -> int:
+        """rank(A) = prod_i rank(A_i)."""
+        return math.prod(int(np.count_nonzero(lam)) for lam, _ in self._factor_eigs)
 
     # -- sensitivity -----------------------------------------------------------------------------
     def _col_norm_max(self, M: np.ndarray | sp.csr_matrix, norm: int) -> float:

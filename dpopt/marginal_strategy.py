@@ -27,11 +27,12 @@ from functools import cached_property
 import numpy as np
 import scipy.sparse as sp
 
+from dpopt.data import Records, marginal_tables
 from dpopt.error import ErrorReport
 from dpopt.kron_strategy import SUPPORT_RTOL, _report
 from dpopt.linalg import attrs_of, cells_of, residual_rank, submasks
 from dpopt.privacy import Perturb, Privacy, research_perturb
-from dpopt.strategy import Strategy, StrategyError
+from dpopt.strategy import FactoredStrategy, Strategy, StrategyError
 from dpopt.workloads import MAX_DENSE_ENTRIES, Marginals
 
 KINDS = ("residual", "marginals")
@@ -62,7 +63,7 @@ def _center(T: np.ndarray, axes: Sequence[int]) -> np.ndarray:
     return T
 
 
-class MarginalStrategy:
+class MarginalStrategy(FactoredStrategy):
     """Strategy Gram sum_A x_A Q_A measured as residual blocks or weighted marginal tables."""
 
     def __init__(
@@ -139,6 +140,11 @@ class MarginalStrategy:
         else:
             r = sum(residual_rank(self.domain_sizes, A) for A in self.masks)
         return (r, math.prod(self.domain_sizes))
+
+    @property
+    def rank(self) -> int:
+        """rank(A) = sum of r_A over the measured residual spaces."""
+        return sum(residual_rank(self.domain_sizes, A) for A, v in self._x.items() if v > 0)
 
     # -- error -----------------------------------------------------------------------------------
     def _check(self, workload: Marginals) -> None:
@@ -271,6 +277,16 @@ class MarginalStrategy:
     ) -> list[np.ndarray]:
         """Answers to every workload marginal from the data's marginal tables; noise as in `measure`."""
         return self.reconstruct(self.measure(tables, privacy, rng, perturb=perturb), workload)
+
+    def answer(self, x: np.ndarray | Records, privacy: Privacy, rng: np.random.Generator | None = None,
+               workload: Marginals | None = None, *, perturb: Perturb | None = None) -> np.ndarray:
+        """The workload's weighted marginal tables, raveled in query order (m,), from the data's marginal tables
+        (counted from Records, or summed from x); noise as in `measure`."""
+        if workload is None:
+            raise StrategyError(f"strategy {self.name}: answer needs the marginal workload it answers")
+        self._check(workload)
+        out = self.release(marginal_tables(x, self.domain_sizes), workload, privacy, rng, perturb=perturb)
+        return np.concatenate([wt * t.ravel() for wt, t in zip(workload.weights, out, strict=True)])
 
     def query_unit_variances(self, workload: Marginals) -> np.ndarray:
         """Variance of each workload query per unit noise variance: each marginal's cell variance, times its weight^2."""

@@ -20,6 +20,10 @@ import numpy as np
 from scipy.special import log_ndtr
 
 CALIBRATIONS = ("classic", "analytic")
+#: The one default calibration of the library and of every command: the seeds' classic Gaussian sigma, so the
+#: papers' numbers reproduce; "analytic" (Balle and Wang 2018) on request. Releases always draw OpenDP's
+#: certified sigma whatever the calibration (`dpopt.release`).
+DEFAULT_CALIBRATION = "classic"
 
 
 @dataclass(frozen=True)
@@ -28,7 +32,7 @@ class Privacy:
 
     epsilon: float
     delta: float = 0.0
-    calibration: str = "classic"
+    calibration: str = DEFAULT_CALIBRATION
 
     def __post_init__(self) -> None:
         eps, delta = self.epsilon, self.delta

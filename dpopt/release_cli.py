@@ -133,14 +133,10 @@ def add_answer_parser(subparsers: Any) -> argparse.ArgumentParser:
                         f"{DEFAULT_FAIR_DOMAIN}")
     p.add_argument("--workload", metavar="SPEC", default="marginals:1",
                    help="queries to answer (see below); default: marginals:1")
-    p.add_argument("--epsilon", metavar="E", type=float, default=None,
-                   help="privacy parameter epsilon > 0 of this release (required unless --target-std "
-                        "asks for the epsilon needed)")
-    p.add_argument("--delta", metavar="D", type=float, default=0.0,
-                   help="privacy parameter delta in [0, 1); 0 (default) means Laplace noise")
-    p.add_argument("--calibration", choices=("classic", "analytic"), default="analytic",
-                   help="Gaussian error model of the fit when delta > 0 (default: analytic); "
-                        "the noise drawn uses the smallest sigma OpenDP certifies")
+    from dpopt.cli import add_privacy_flags
+
+    add_privacy_flags(p, epsilon_help="privacy parameter epsilon > 0 of this release (required unless "
+                                      "--target-std asks for the epsilon needed)")
     p.add_argument("--mechanism", metavar="NAME", default="identity",
                    help="strategy selection: a name from dpopt's mechanism registry "
                         "(default: identity)")

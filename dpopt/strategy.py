@@ -9,6 +9,7 @@ Two kinds:
 from __future__ import annotations
 
 from functools import cached_property
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 import scipy.linalg as sla
@@ -16,6 +17,10 @@ import scipy.sparse as sp
 
 from dpopt.validation import check_finite_matrix
 from dpopt.workloads import Workload, as_workload
+
+if TYPE_CHECKING:
+    from dpopt.error import ErrorReport
+    from dpopt.privacy import Perturb, Privacy
 
 # Relative tolerance below which an eigenvalue of A^T A counts as zero (rank decisions).
 RANK_RTOL = 1e-10
@@ -26,7 +31,17 @@ class StrategyError(ValueError):
 
 
 class Strategy:
-    """Measured queries A (r x n, dense or sparse) and optionally a reconstruction B (m x r)."""
+    """Measured queries A (r x n) and optionally a reconstruction B (m x r): the one strategy type.
+
+    This class holds A dense or sparse. The structured forms are its subclasses and share its interface
+    (shape, sensitivity, rank, supports / check_supports, expected_error, query_unit_variances, answer):
+    `dpopt.kron_strategy.KronStrategy` (A = A_1 (x) ... (x) A_d), `dpopt.union_strategy.UnionKronStrategy`
+    (a weighted stack of them) and `dpopt.marginal_strategy.MarginalStrategy` (the marginal algebra). Those
+    set `factored` and never form A; asking one for its dense A raises StrategyError.
+    """
+
+    #: True for the structured forms, which compute everything through their factors.
+    factored: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -237,7 +252,56 @@ class Strategy:
                 "row space of the strategy"
             )
 
+    # -- error and answers (the structured forms compute these through their factors) ---------------
+    def expected_error(self, workload: Workload | np.ndarray, privacy: Privacy, rtol: float = 1e-8) -> ErrorReport:
+        """Exact expected total squared error on the workload (seed 004 Prop. 3.3; `dpopt.error.expected_error`)."""
+        from dpopt.error import expected_error
+
+        return expected_error(self, workload, privacy, rtol=rtol)
+
+    def query_unit_variances(self, workload: Workload | np.ndarray) -> np.ndarray:
+        """Variance of each query's answer per unit noise variance: the squared row norms of B (m,)."""
+        from dpopt.error import _row_sq_norms
+
+        return _row_sq_norms(self.reconstruct(workload))
+
+    def answer(self, x: np.ndarray, privacy: Privacy, rng: np.random.Generator | None = None,
+               workload: Workload | None = None, *, perturb: Perturb | None = None) -> np.ndarray:
+        """B (A x + z) for the workload's queries, z from `perturb` (default: research noise from rng)."""
+        from dpopt.error import answers_through
+        from dpopt.privacy import research_perturb
+
+        if workload is None:
+            raise StrategyError(f"strategy {self.name}: answer needs the workload whose queries it answers")
+        if perturb is None:
+            perturb = research_perturb(privacy, rng)  # type: ignore[arg-type]
+        return answers_through(self, self.reconstruct(workload), np.asarray(x, dtype=float), perturb,
+                               self.sensitivity(privacy.norm))
+
     def __repr__(self) -> str:
         r, n = self.shape
+        if self.factored:
+            return f"<{type(self).__name__} {self.name}: {r} x {n}>"
         kind = "factorisation" if self.B is not None else "matrix"
         return f"<Strategy {self.name} ({kind}): {r} x {n}, sens1={self.sens1:.4g}, sens2={self.sens2:.4g}>"
+
+
+class FactoredStrategy(Strategy):
+    """Base of the structured strategy forms: A is held through its factors and never formed."""
+
+    factored: ClassVar[bool] = True
+    B = None
+    gamma = 0.0
+
+    @property
+    def A(self) -> np.ndarray:  # type: ignore[override]
+        """Refused: a factored strategy's A is not formed (`to_dense` gives it on small domains)."""
+        r, n = self.shape
+        raise StrategyError(f"strategy {self.name} ({r} x {n}) is held through its factors; its dense A is not formed")
+
+    def check_supports(self, workload: Workload | np.ndarray, rtol: float = 1e-8) -> None:
+        """Raise StrategyError unless the strategy supports the workload (through the factors)."""
+        frac = self.unsupported_fraction(workload)  # type: ignore[arg-type]
+        if frac > rtol:
+            raise StrategyError(f"strategy {self.name} does not support workload {as_workload(workload).name}: "
+                                f"relative residual {frac:.3g} exceeds {rtol:g}")

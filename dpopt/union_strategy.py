@@ -24,18 +24,19 @@ from functools import cached_property
 
 import numpy as np
 
+from dpopt.data import Records, data_vector
 from dpopt.error import ErrorReport
 from dpopt.kron_strategy import SUPPORT_RTOL, KronStrategy, _report
 from dpopt.linalg import kron_column_norms, kron_matvec
 from dpopt.privacy import Perturb, Privacy, research_perturb
-from dpopt.strategy import StrategyError
+from dpopt.strategy import FactoredStrategy, StrategyError
 from dpopt.workloads import Stack
 
 # Largest domain on which the stacked column norms are scanned exactly.
 EXACT_SENS_CELLS = 50_000_000
 
 
-class UnionKronStrategy:
+class UnionKronStrategy(FactoredStrategy):
     """Weighted stack of Kronecker strategies; workload term j is answered by part `assignment[j]`."""
 
     def __init__(
@@ -64,6 +65,11 @@ class UnionKronStrategy:
     def shape(self) -> tuple[int, int]:
         """(sum_k r_k, n)."""
         return (sum(p.shape[0] for p in self.parts), self.parts[0].shape[1])
+
+    @property
+    def rank(self) -> int:
+        """An upper bound on rank(A): the parts' ranks summed, capped at n."""
+        return min(sum(p.rank for p in self.parts), math.prod(self.domain_sizes))
 
     @property
     def sens_exact(self) -> bool:
@@ -137,14 +143,14 @@ class UnionKronStrategy:
             raise StrategyError(f"{self.name} does not support {workload.name}: relative residual {frac:.3g}")
         return _report(self.name, workload, privacy, self.sensitivity(privacy.norm), self.unit_error(workload))
 
-    def answer(self, x: np.ndarray, privacy: Privacy, rng: np.random.Generator | None, workload: Stack,
+    def answer(self, x: np.ndarray | Records, privacy: Privacy, rng: np.random.Generator | None, workload: Stack,
                *, perturb: Perturb | None = None) -> np.ndarray:
         """Each term answered from its own part's least-squares estimate (m,); noise from `perturb` (default rng's)."""
         self._check(workload)
         sens = self.sensitivity(privacy.norm)
         if perturb is None:
             perturb = research_perturb(privacy, rng)  # type: ignore[arg-type]
-        x = np.asarray(x, dtype=float)
+        x = data_vector(x, self.shape[1])
         # y_k = w_k A^(k) x + z_k, every row's noise calibrated to the whole stack's sensitivity (one draw)
         clean = [wt * kron_matvec(part.factors, x) for wt, part in zip(self.weights, self.parts, strict=True)]
         y = perturb(np.concatenate(clean), sens)

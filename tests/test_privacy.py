@@ -75,3 +75,21 @@ def test_research_noise_has_calibrated_variance():
     assert z.var() == pytest.approx(8.0, rel=0.02)
     with pytest.raises(ValueError, match="Generator"):
         Privacy(1.0).sample_noise(1.0, 3, rng=np.random.RandomState(0))
+
+
+def test_one_default_calibration_for_the_library_and_every_command():
+    import dataclasses
+
+    from dpopt.cli import build_parser
+    from dpopt.experiments import SweepConfig, Task
+    from dpopt.privacy import DEFAULT_CALIBRATION
+
+    parser = build_parser()
+    defaults = {
+        "Privacy": Privacy(1.0, 1e-6).calibration,
+        "compare": parser.parse_args(["compare", "--workload", "allrange:4", "-e", "1"]).calibration,
+        "answer": parser.parse_args(["answer", "--epsilon", "1"]).calibration,
+        "sweep config": {f.name: f.default for f in dataclasses.fields(SweepConfig)}["calibration"],
+        "sweep task": {f.name: f.default for f in dataclasses.fields(Task)}["calibration"],
+    }
+    assert defaults == dict.fromkeys(defaults, DEFAULT_CALIBRATION)

@@ -20,20 +20,16 @@ import numpy as np
 
 from dpopt.baselines import baseline_strategies
 from dpopt.bounds import svd_bound
-from dpopt.data import Records, data_vector, marginal_tables
+from dpopt.data import Records, data_vector
 from dpopt.error import ErrorReport, _row_sq_norms, answers_through, expected_error, noisy_answers
 from dpopt.kron_strategy import KronStrategy
-from dpopt.linalg import residual_rank
-from dpopt.marginal_strategy import MarginalStrategy
 from dpopt.privacy import Perturb, Privacy, research_perturb
 from dpopt.solvers.result import MIN_SOLVER_SECONDS
 from dpopt.strategy import Strategy, StrategyError
-from dpopt.union_strategy import UnionKronStrategy
 from dpopt.validation import check_finite_vector
 from dpopt.workloads import (
     MAX_DENSE_ENTRIES,
     Kron,
-    Marginals,
     Workload,
     WorkloadTooLargeError,
     as_workload,
@@ -47,7 +43,6 @@ from dpopt.workloads import (
 TIE_RTOL = 1e-12
 
 # A strategy held through its factors: a Kronecker product, a union of Kronecker products, or marginals.
-FactoredStrategy = KronStrategy | UnionKronStrategy | MarginalStrategy
 
 
 class MechanismError(ValueError):
@@ -236,15 +231,6 @@ def kronecker_factors(workload: Workload) -> Kron | None:
     return None
 
 
-def factored_rank(strategy: FactoredStrategy) -> int:
-    """Rank of a factored strategy: exact for Kronecker and marginal forms; for a union, the parts' sum capped at n."""
-    if isinstance(strategy, UnionKronStrategy):
-        return min(sum(factored_rank(p) for p in strategy.parts), math.prod(strategy.domain_sizes))
-    if isinstance(strategy, KronStrategy):
-        return math.prod(int(np.count_nonzero(lam)) for lam, _ in strategy._factor_eigs)
-    return sum(residual_rank(strategy.domain_sizes, A) for A, v in strategy._x.items() if v > 0)
-
-
 def combined_factor_gap(gaps: list[float | None]) -> float | None:
     """Certified relative gap of a product of per-factor optima: 1 - prod_i (1 - gap_i), None if one is unknown.
 
@@ -419,7 +405,7 @@ class Mechanism(ABC):
             extra=extra,
         ), kron.svd_bound())
 
-    def _adopt_factored(self, view: Workload, given: Workload, privacy: Privacy, strategy: FactoredStrategy,
+    def _adopt_factored(self, view: Workload, given: Workload, privacy: Privacy, strategy: Strategy,
                         err: ErrorReport, info: FitInfo, svdb: float) -> Mechanism:
         """Keep a strategy selected through the workload's structure (`view`), its exact error and P SVDB(W)."""
         self.workload_ = view
@@ -549,7 +535,7 @@ class Mechanism(ABC):
 
     def _factored(self) -> bool:
         """True when the fitted strategy is held through its factors (Kronecker, union, marginal), not densely."""
-        return not isinstance(self.strategy_, Strategy)
+        return self.strategy_.factored
 
     def _B(self) -> Any:
         """The reconstruction B (given, or W A^+), computed on first use and kept."""
@@ -566,26 +552,16 @@ class Mechanism(ABC):
         return answers_through(self.strategy_, self._B(), x, perturb, self.strategy_.sensitivity(self.privacy_.norm))
 
     def _factored_answers(self, x: np.ndarray | Records, perturb: Perturb) -> np.ndarray:
-        """`answers_with` through the factors: A x by Kronecker matvecs or marginal tables (counted from
-        records, or summed from x), never a dense A; least-squares reconstruction through the factors. From
-        Records, a Kronecker strategy counts only the marginal over the attributes it does not sum out; a
-        union of parts forms the data vector."""
-        w, s = self.workload_, self.strategy_
-        if isinstance(s, KronStrategy):
-            return s.answer(x if isinstance(x, Records) else data_vector(x, w.n), self.privacy_, workload=w,
-                            perturb=perturb)
-        if isinstance(s, UnionKronStrategy):
-            return s.answer(data_vector(x, w.n), self.privacy_, None, w, perturb=perturb)  # type: ignore[arg-type]
-        assert isinstance(w, Marginals) and isinstance(s, MarginalStrategy)
-        out = s.release(marginal_tables(x, w.domain_sizes), w, self.privacy_, perturb=perturb)
-        return np.concatenate([wt * t.ravel() for wt, t in zip(w.weights, out, strict=True)])
+        """`answers_with` through the factors: A x by Kronecker matvecs or marginal tables (counted from records,
+        or summed from x), never a dense A; least-squares reconstruction through the factors."""
+        return self.strategy_.answer(x, self.privacy_, None, self.workload_, perturb=perturb)
 
     def query_unit_variances(self) -> np.ndarray:
         """Variance of each workload query's answer per unit noise variance (m,): squared row norms of B,
         or through the factors for a factored strategy."""
         self._check_fitted()
         if self._factored():
-            return self.strategy_.query_unit_variances(self.workload_)  # type: ignore[arg-type]
+            return self.strategy_.query_unit_variances(self.workload_)
         return _row_sq_norms(self._B())
 
     def expected_error(self, workload: Workload | np.ndarray | None = None) -> ErrorReport:
@@ -593,9 +569,10 @@ class Mechanism(ABC):
         self._check_fitted()
         if self._factored():
             w: Workload = self.workload_ if workload is None else kron_form(workload)
-            if isinstance(self.strategy_, MarginalStrategy) and not isinstance(w, Marginals):
-                raise MechanismError(f"{self.short_name}: a marginal strategy answers marginal workloads only")
-            return self.strategy_.expected_error(w, self.privacy_)  # type: ignore[arg-type]
+            try:
+                return self.strategy_.expected_error(w, self.privacy_)
+            except StrategyError as exc:
+                raise MechanismError(f"{self.short_name}: {exc}") from None
         w = self.workload_ if workload is None else as_workload(workload)
         return expected_error(self.strategy_, w, self.privacy_, rtol=self.support_rtol)
 
@@ -605,7 +582,7 @@ class Mechanism(ABC):
 
     def _strategy_rank(self) -> int:
         """Rank of the fitted strategy, for comparison records."""
-        return factored_rank(self.strategy_) if self._factored() else self.strategy_.rank  # type: ignore[arg-type]
+        return self.strategy_.rank
 
     def record(self) -> dict[str, Any]:
         """One flat record for comparison tables and JSON (keys documented in `dpopt compare --help`)."""
