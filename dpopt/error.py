@@ -92,21 +92,26 @@ def expected_error(
     x: np.ndarray | None = None,
     rtol: float = 1e-8,
 ) -> ErrorReport:
-    """Exact expected squared error of answering `workload` through `strategy` (seed 004 Prop. 3.3)."""
+    """Exact expected squared error of answering `workload` through `strategy` (seed 004 Prop. 3.3).
+
+    P sens^2 ||B||_F^2 for every strategy form: the support check, the sensitivity, ||B||_F^2 and the
+    per-query variances come from the strategy (through the factors for a factored one)."""
     workload = as_workload(workload)
     if not isinstance(privacy, Privacy):
         raise ValueError(f"privacy must be a dpopt.privacy.Privacy, got {type(privacy).__name__}")
     strategy.check_supports(workload, rtol)
     sens = strategy.sensitivity(privacy.norm)
     var = privacy.variance_factor * sens**2
-    unit = unit_error(strategy, workload)
+    unit = strategy.unit_error(workload)
     log10_total = (
         math.log10(var * unit) + workload.gram_log_scale / math.log(10) if unit > 0 else -math.inf
     )
     total = _scaled(var * unit, workload.gram_log_scale if strategy.B is None else 0.0)
     m = workload.m
     per_query_fn = None
-    if strategy.B is not None:
+    if strategy.factored:
+        per_query_fn = lambda: var * strategy.query_unit_variances(workload)  # noqa: E731
+    elif strategy.B is not None:
         B = strategy.B
         per_query_fn = lambda: var * _row_sq_norms(B)  # noqa: E731
     elif workload.has_rows:

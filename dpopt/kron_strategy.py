@@ -19,7 +19,6 @@ import numpy as np
 import scipy.sparse as sp
 
 from dpopt.data import Records, data_vector
-from dpopt.error import ErrorReport
 from dpopt.linalg import kron_matvec
 from dpopt.privacy import Perturb, Privacy, research_perturb
 from dpopt.strategy import RANK_RTOL, FactoredStrategy, Strategy, StrategyError
@@ -27,26 +26,6 @@ from dpopt.workloads import MAX_DENSE_ENTRIES, Kron, Workload, kron_form
 
 # Relative tolerance for "the strategy supports the workload" (relative Frobenius residual).
 SUPPORT_RTOL = 1e-8
-
-
-def _report(
-    name: str, workload: Workload, privacy: Privacy, sens: float, unit: float
-) -> ErrorReport:
-    var = privacy.variance_factor * sens**2
-    total = var * unit
-    m = int(workload.m)
-    return ErrorReport(
-        strategy=name,
-        workload=workload.name,
-        total=total,
-        rmse=math.sqrt(total / m),
-        m=m,
-        sensitivity=sens,
-        sensitivity_norm=privacy.norm,
-        noise=privacy.noise,
-        convention=privacy.convention,
-        log10_total=math.log10(total) if total > 0 else -math.inf,
-    )
 
 
 def _constant_row(M: np.ndarray | sp.spmatrix) -> float | None:
@@ -223,16 +202,6 @@ class KronStrategy(FactoredStrategy):
     def supports(self, workload: Workload, rtol: float = SUPPORT_RTOL) -> bool:
         """True when W A^+ A = W within relative Frobenius tolerance rtol."""
         return self.unsupported_fraction(workload) <= rtol
-
-    def expected_error(self, workload: Workload, privacy: Privacy, rtol: float = SUPPORT_RTOL) -> ErrorReport:
-        """Exact expected total squared error and RMSE (seed 004 Prop. 3.3, through the factors)."""
-        w = kron_form(workload)
-        frac = self.unsupported_fraction(w)
-        if frac > rtol:
-            raise StrategyError(
-                f"strategy {self.name} does not support workload {w.name}: relative residual {frac:.3g}"
-            )
-        return _report(self.name, w, privacy, self.sensitivity(privacy.norm), self.unit_error(w))
 
     # -- answering -------------------------------------------------------------------------------
     def measured(self, data: np.ndarray | Records) -> np.ndarray:

@@ -28,8 +28,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from dpopt.data import Records, marginal_tables
-from dpopt.error import ErrorReport
-from dpopt.kron_strategy import SUPPORT_RTOL, _report
+from dpopt.kron_strategy import SUPPORT_RTOL
 from dpopt.linalg import attrs_of, cells_of, residual_rank, submasks
 from dpopt.privacy import Perturb, Privacy, research_perturb
 from dpopt.strategy import FactoredStrategy, Strategy, StrategyError
@@ -193,15 +192,6 @@ class MarginalStrategy(FactoredStrategy):
     def supports(self, workload: Marginals, rtol: float = SUPPORT_RTOL) -> bool:
         """True when every residual space the workload needs is measured."""
         return self.unsupported_fraction(workload) <= rtol
-
-    def expected_error(
-        self, workload: Marginals, privacy: Privacy, rtol: float = SUPPORT_RTOL
-    ) -> ErrorReport:
-        """Exact expected total squared error of the least-squares answers (seed 004 Prop. 3.3 in closed form)."""
-        frac = self.unsupported_fraction(workload)
-        if frac > rtol:
-            raise StrategyError(f"{self.name} does not support {workload.name}: relative residual {frac:.3g}")
-        return _report(self.name, workload, privacy, self.sensitivity(privacy.norm), self.unit_error(workload))
 
     # -- measuring and reconstructing ------------------------------------------------------------------
     def measure(self, tables: TableFn, privacy: Privacy, rng: np.random.Generator | None = None, *,

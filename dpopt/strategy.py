@@ -259,6 +259,12 @@ class Strategy:
 
         return expected_error(self, workload, privacy, rtol=rtol)
 
+    def unit_error(self, workload: Workload | np.ndarray) -> float:
+        """||B||_F^2, the error per unit noise variance and sensitivity (`dpopt.error.unit_error`)."""
+        from dpopt.error import unit_error
+
+        return unit_error(self, as_workload(workload))
+
     def query_unit_variances(self, workload: Workload | np.ndarray) -> np.ndarray:
         """Variance of each query's answer per unit noise variance: the squared row norms of B (m,)."""
         from dpopt.error import _row_sq_norms

@@ -25,8 +25,7 @@ from functools import cached_property
 import numpy as np
 
 from dpopt.data import Records, data_vector
-from dpopt.error import ErrorReport
-from dpopt.kron_strategy import SUPPORT_RTOL, KronStrategy, _report
+from dpopt.kron_strategy import KronStrategy
 from dpopt.linalg import kron_column_norms, kron_matvec
 from dpopt.privacy import Perturb, Privacy, research_perturb
 from dpopt.strategy import FactoredStrategy, StrategyError
@@ -135,13 +134,6 @@ class UnionKronStrategy(FactoredStrategy):
         """Largest relative residual of a workload term against the part that answers it."""
         self._check(workload)
         return max(self.parts[k].unsupported_fraction(p) for k, p in zip(self.assignment, workload.parts, strict=True))
-
-    def expected_error(self, workload: Stack, privacy: Privacy, rtol: float = SUPPORT_RTOL) -> ErrorReport:
-        """Exact expected error of the per-term estimator (an upper bound for stacked least squares)."""
-        frac = self.unsupported_fraction(workload)
-        if frac > rtol:
-            raise StrategyError(f"{self.name} does not support {workload.name}: relative residual {frac:.3g}")
-        return _report(self.name, workload, privacy, self.sensitivity(privacy.norm), self.unit_error(workload))
 
     def answer(self, x: np.ndarray | Records, privacy: Privacy, rng: np.random.Generator | None, workload: Stack,
                *, perturb: Perturb | None = None) -> np.ndarray:
