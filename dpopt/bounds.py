@@ -107,10 +107,15 @@ def _use_rows(w: Workload) -> bool:
 def svd_bound(workload: Workload | np.ndarray) -> float:
     """SVDB(W) = (1/n)(lambda_1 + ... + lambda_n)^2, lambda the singular values of W (seed 004 Def. 4.1).
 
-    From W's singular values when the SVD is cheap, else from W^T W; either way round-off only lowers it.
-    Returns inf if the value exceeds float64 (AllPredicate(1024)); use `log10_svd_bound` then.
+    Dispatches on the workload's form (`Workload.svd_bound`): a Kronecker product multiplies its factors'
+    bounds, marginals use their exact spectrum, any other workload `dense_svd_bound`. Round-off only
+    lowers it. Returns inf if the value exceeds float64 (AllPredicate(1024)); use `log10_svd_bound` then.
     """
-    w = as_workload(workload)
+    return as_workload(workload).svd_bound()
+
+
+def dense_svd_bound(w: Workload) -> float:
+    """SVDB(W) from W's singular values when the SVD is cheap, else from W^T W (seed 004 Def. 4.1, Prop. 4.3)."""
     if _use_rows(w):
         return svd_bound_from_matrix(w.matrix())
     return _scaled(svd_bound_from_gram(w.gram()), w.gram_log_scale)

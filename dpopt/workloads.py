@@ -123,10 +123,11 @@ class Workload(ABC):
         return out
 
     def svd_bound(self) -> float:
-        """SVDB(W) (seed 004 Def. 4.1), see `dpopt.bounds.svd_bound`; structured workloads use their factors."""
-        from dpopt.bounds import svd_bound
+        """SVDB(W) (seed 004 Def. 4.1) from the rows or the Gram (`dpopt.bounds.dense_svd_bound`); the structured
+        workloads compute it through their factors or spectrum."""
+        from dpopt.bounds import dense_svd_bound
 
-        return svd_bound(self)
+        return dense_svd_bound(self)
 
     def error_lower_bound(self) -> tuple[float, str]:
         """A certified lower bound on trace(W^T W X^+) * max diag(X) over all strategies, and what it is."""
@@ -566,9 +567,11 @@ class Kron(Workload):
         Each factor's bound is a lower bound; the d - 1 products add at most (d - 1) eps/2 relative, so the
         product is shrunk by 1 - d eps.
         """
-        from dpopt.bounds import EPS, svd_bound_from_gram
+        from dpopt.bounds import EPS
 
-        bounds = [svd_bound_from_gram(G) for G in self.factor_grams]
+        if len(self.factors) == 1:
+            return self.factors[0].svd_bound()
+        bounds = [f.svd_bound() for f in self.factors]
         return math.prod(bounds) * max(0.0, 1.0 - len(bounds) * EPS)
 
     def matvec(self, x: np.ndarray) -> np.ndarray:
