@@ -86,6 +86,40 @@ def psd_sqrt(X: np.ndarray) -> np.ndarray:
     return (V * np.sqrt(np.clip(lam, 0.0, None))) @ V.T
 
 
+#: Singular values below this fraction of the largest count as zero (`rank_from_singular_values`).
+SVD_RANK_RTOL = 1e-10
+
+
+def rank_from_singular_values(s: np.ndarray, rtol: float = SVD_RANK_RTOL) -> int:
+    """Number of singular values in s (descending) above rtol times the largest one (0 for an empty or zero s)."""
+    if s.size == 0 or s[0] == 0.0:
+        return 0
+    return int(np.count_nonzero(s > rtol * s[0]))
+
+
+def svd_start(W: np.ndarray, r: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Feasible SVD start for LRM's Algorithm 1 (after the construction in seed 000, Lemma 3).
+
+    With W = U diag(s) V^T (thin SVD, k = min(r, rank W) leading triplets), L0 stacks V_k^T (k x n)
+    on top of r - k rows of i.i.d. N(0, 1/n) entries drawn from rng (so the extra rank is not stuck
+    at zero: a zero row of L gets a zero gradient in both the B- and the L-step), and is then divided
+    by its largest column L1 norm, so max_j ||L0[:, j]||_1 = 1 exactly. B0 = W L0^+ is the least-squares
+    (minimum Frobenius norm) reconstruction; B0 L0 = W exactly when k = rank W.
+    Lemma 3 (B = sqrt(k) U diag(s), L = V^T / sqrt(k)) scales by sqrt(k) instead of the largest
+    column L1 norm, which is never smaller; the authors' released Matlab code uses that scaling
+    with sqrt(r) and pads the extra rows and columns with the constant 1e-8.
+
+    Returns (B0 (m x r), L0 (r x n)).
+    """
+    m, n = W.shape
+    _, s, Vt = np.linalg.svd(W, full_matrices=False)
+    k = min(r, rank_from_singular_values(s))
+    L0 = np.vstack([Vt[:k], rng.normal(scale=1.0 / math.sqrt(n), size=(r - k, n))])
+    L0 /= np.abs(L0).sum(axis=0).max()
+    B0 = W @ np.linalg.pinv(L0)
+    return B0, L0
+
+
 # -- the marginal (residual) algebra ------------------------------------------------------------
 
 def mask_of(attrs: Iterable[int]) -> int:

@@ -55,9 +55,9 @@ time_limit. Finally B is re-fitted for the returned L by Formula (8) in B alone
 (`build_b_refit`: min ||B||_F^2 s.t. ||W - B L||_F <= gamma, with gamma = rtol ||W||_F in place of 0
 for Formula (7)), so the reported objective is the best B for that L.
 
-Start: seed 000's Lemma 3 decomposition B = sqrt(k) U S, L = V^T / sqrt(k) from the SVD W = U S V^T
-(k = rank W), with r - k extra rows of L drawn from N(0, 1/n) (a zero row of L would stay zero in
-both steps) and L rescaled so that every column has L1 norm <= 1; B0 = W L0^+.
+Start: `dpopt.linalg.svd_start`, the same as the hand-written solver's: seed 000's Lemma 3 decomposition
+from the SVD W = U S V^T (k = rank W) with r - k extra rows of L drawn from N(0, 1/n) (a zero row of L
+would stay zero in both steps), L scaled to largest column L1 norm 1; B0 = W L0^+.
 """
 
 from __future__ import annotations
@@ -69,6 +69,7 @@ from typing import Any
 import cvxpy as cp
 import numpy as np
 
+from dpopt.linalg import svd_start
 from dpopt.solvers.result import CONVERGED, MAX_ITER, STALLED, TIME_LIMIT, SolverResult
 from dpopt.strategy import Strategy
 from dpopt.validation import as_generator
@@ -77,25 +78,10 @@ from formulations.inputs import workload_matrix
 from formulations.model import Model
 from formulations.solve import DEFAULT_TOL, FormulationError, solve
 
-# Singular values below this fraction of the largest count as zero (rank of W).
-RANK_RTOL = 1e-10
 # Solvers whose L-step runs on the unit scale under l_step_scale="auto" (see module doc).
 FIRST_ORDER_SOLVERS = ("scs",)
 # The final refit must be within this relative gap of its Lagrangian lower bound.
 REFIT_GAP_RTOL = 1e-6
-
-
-def svd_start(W: np.ndarray, r: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """Seed 000, Lemma 3 start (B0 = sqrt(k) U S, L0 = V^T / sqrt(k)), padded to r rows; see module doc.
-
-    Returns (B0 (m x r), L0 (r x n)) with max_j ||L0[:, j]||_1 <= 1 and B0 = W L0^+.
-    """
-    _, s, Vt = np.linalg.svd(W, full_matrices=False)
-    k = min(r, int(np.count_nonzero(s > RANK_RTOL * s[0])))
-    extra = rng.normal(scale=1.0 / math.sqrt(W.shape[1]), size=(r - k, W.shape[1]))
-    L0 = np.vstack([Vt[:k] / math.sqrt(k), extra])
-    L0 /= max(1.0, float(np.abs(L0).sum(axis=0).max()))
-    return W @ np.linalg.pinv(L0), L0
 
 
 def build_b_step(W: np.ndarray, r: int) -> Model:

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from dpopt.bounds import svd_bound
+from dpopt.linalg import svd_start
 from dpopt.solvers.l1ball import project_l1_ball_columns
 from dpopt.solvers.lrm import reoptimize_B
 from dpopt.workloads import WRange, WRelated
@@ -97,7 +98,7 @@ def test_b_refit_matches_the_ridge_closed_form(gamma):
 
 def test_svd_start_is_feasible_and_exact():
     W = WRelated(12, 9, 3, seed=4).matrix()
-    B0, L0 = lrm.svd_start(W, 4, np.random.default_rng(0))
+    B0, L0 = svd_start(W, 4, np.random.default_rng(0))
     assert L0.shape == (4, 9) and B0.shape == (12, 4)
     assert np.abs(L0).sum(axis=0).max() <= 1 + L1_ROUNDING
     # an SVD reconstruction: ~ n eps ||W||_2 <= 9 * 2.2e-16 * sqrt(m n) max|W| ~ 2e-14 max|W|
@@ -117,7 +118,7 @@ def test_fit_reaches_gamma_and_improves_on_its_start():
     assert res.extra["strategy"].supports(W)
     # Every decomposition with W = B L and unit L1 columns is a feasible eps-DP strategy, so
     # ||B||_F^2 of the start is at least the relaxation's bound; the fit must beat its own start.
-    B0, L0 = lrm.svd_start(W, res.extra["rank"], np.random.default_rng(0))
+    B0, L0 = svd_start(W, res.extra["rank"], np.random.default_rng(0))
     assert res.fun < float(np.sum(B0 * B0))  # 6% of it here
     bound = solve(mm_pure.build(w), "clarabel").objective
     assert float(np.sum(B0 * B0)) >= bound  # 26x above here; Clarabel's 1e-8 is immaterial

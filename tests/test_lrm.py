@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 
+from dpopt.linalg import svd_start
 from dpopt.solvers.lrm import (
     default_rank,
     identity_start,
@@ -15,7 +16,6 @@ from dpopt.solvers.lrm import (
     reoptimize_B,
     repair_pair,
     solve_lrm,
-    svd_start,
     update_B,
 )
 from dpopt.solvers.result import CONVERGED, MAX_ITER, TIME_LIMIT

@@ -93,7 +93,7 @@ def lrm_fig2_points(scale: str) -> list[Point]:
 
 
 def lrm_fig3_points(scale: str) -> list[Point]:
-    from dpopt.solvers.lrm import rank_from_singular_values
+    from dpopt.linalg import rank_from_singular_values
 
     m, n = _lrm_sizes(scale)
     ratios = by_scale(scale, [0.8, 1.2], [0.8, 1.0, 1.2, 2.1], LRM_R_RATIOS)

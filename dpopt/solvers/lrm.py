@@ -23,10 +23,9 @@ from typing import Any
 import numpy as np
 from scipy.optimize import brentq
 
+from dpopt.linalg import SVD_RANK_RTOL, rank_from_singular_values, svd_start
 from dpopt.solvers.l1ball import project_l1_ball_columns
 from dpopt.solvers.result import CONVERGED, FAILED, MAX_ITER, STALLED, TIME_LIMIT, SolverResult
-
-_RANK_RTOL = 1e-10  # singular values below this fraction of the largest count as zero
 
 
 def _as_matrix(W: Any) -> np.ndarray:
@@ -41,14 +40,7 @@ def _as_matrix(W: Any) -> np.ndarray:
     return W
 
 
-def rank_from_singular_values(s: np.ndarray, rtol: float = _RANK_RTOL) -> int:
-    """Number of singular values in s (descending) above rtol times the largest one (0 for an empty or zero s)."""
-    if s.size == 0 or s[0] == 0.0:
-        return 0
-    return int(np.count_nonzero(s > rtol * s[0]))
-
-
-def numerical_rank(W: np.ndarray, rtol: float = _RANK_RTOL) -> int:
+def numerical_rank(W: np.ndarray, rtol: float = SVD_RANK_RTOL) -> int:
     """Number of singular values of W (m x n) above rtol times the largest one."""
     return rank_from_singular_values(np.linalg.svd(W, compute_uv=False), rtol)
 
@@ -59,29 +51,6 @@ def default_rank(W: np.ndarray) -> int:
     rank(W) counts singular values above 1e-10 times the largest (`numerical_rank`).
     """
     return max(1, math.ceil(1.2 * numerical_rank(W) - 1e-9))
-
-
-def svd_start(W: np.ndarray, r: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """Feasible SVD start for Algorithm 1 (after the construction in seed 000, Lemma 3).
-
-    With W = U diag(s) V^T (thin SVD, k = min(r, rank W) leading triplets), L0 stacks V_k^T (k x n)
-    on top of r - k rows of i.i.d. N(0, 1/n) entries drawn from rng (so the extra rank is not stuck
-    at zero: a zero row of L gets a zero gradient in both the B- and the L-step), and is then divided
-    by its largest column L1 norm, so max_j ||L0[:, j]||_1 = 1 exactly. B0 = W L0^+ is the least-squares
-    (minimum Frobenius norm) reconstruction; B0 L0 = W exactly when k = rank W.
-    Lemma 3 (B = sqrt(k) U diag(s), L = V^T / sqrt(k)) scales by sqrt(k) instead of the largest
-    column L1 norm, which is never smaller; the authors' released Matlab code uses that scaling
-    with sqrt(r) and pads the extra rows and columns with the constant 1e-8.
-
-    Returns (B0 (m x r), L0 (r x n)).
-    """
-    m, n = W.shape
-    _, s, Vt = np.linalg.svd(W, full_matrices=False)
-    k = min(r, rank_from_singular_values(s))
-    L0 = np.vstack([Vt[:k], rng.normal(scale=1.0 / math.sqrt(n), size=(r - k, n))])
-    L0 /= np.abs(L0).sum(axis=0).max()
-    B0 = W @ np.linalg.pinv(L0)
-    return B0, L0
 
 
 def random_start(W: np.ndarray, r: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -194,7 +163,7 @@ def reoptimize_B(W: np.ndarray, L: np.ndarray, gamma: float = 0.0) -> np.ndarray
     if np.linalg.norm(W) <= gamma:
         return np.zeros((W.shape[0], L.shape[0]))
     U, s, Vt = np.linalg.svd(L, full_matrices=False)
-    keep = s > _RANK_RTOL * (s[0] if s.size else 0.0)
+    keep = s > SVD_RANK_RTOL * (s[0] if s.size else 0.0)
     U, s, Vt = U[:, keep], s[keep], Vt[keep]
     WV = W @ Vt.T  # m x k
     a = (WV * WV).sum(axis=0)  # ||W v_i||^2
