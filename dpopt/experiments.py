@@ -841,7 +841,7 @@ def research_answers(
     rng (no secure sampler, no budget accounting), and their realised total squared error against the truth,
     for checking the expected error on real tables. A release goes through `dpopt.release.release`."""
     t0 = time.perf_counter()
-    noisy = strategy.release(tables, workload, privacy, rng)
+    noisy = strategy.answers_from_tables(tables, workload, privacy, rng)
     wall = time.perf_counter() - t0
     sq = 0.0
     for s, w, est in zip(workload.subsets, workload.weights, noisy, strict=True):

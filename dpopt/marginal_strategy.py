@@ -261,7 +261,7 @@ class MarginalStrategy(FactoredStrategy):
             tables.append(acc / cells_of(self.domain_sizes, S))
         return tables
 
-    def release(
+    def answers_from_tables(
         self, tables: TableFn, workload: Marginals, privacy: Privacy,
         rng: np.random.Generator | None = None, *, perturb: Perturb | None = None,
     ) -> list[np.ndarray]:
@@ -275,7 +275,7 @@ class MarginalStrategy(FactoredStrategy):
         if workload is None:
             raise StrategyError(f"strategy {self.name}: answer needs the marginal workload it answers")
         self._check(workload)
-        out = self.release(marginal_tables(x, self.domain_sizes), workload, privacy, rng, perturb=perturb)
+        out = self.answers_from_tables(marginal_tables(x, self.domain_sizes), workload, privacy, rng, perturb=perturb)
         return np.concatenate([wt * t.ravel() for wt, t in zip(workload.weights, out, strict=True)])
 
     def query_unit_variances(self, workload: Marginals) -> np.ndarray:
