@@ -25,20 +25,18 @@ import functools
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from dpopt.baselines import hierarchical_strategy, wavelet_strategy
-from dpopt.error import ErrorReport
 from dpopt.kron_strategy import SUPPORT_RTOL, KronStrategy
 from dpopt.linalg import psd_pinv
 from dpopt.privacy import Privacy
 from dpopt.solvers.convex_dp import solve_convex_dp
 from dpopt.solvers.marginal_opt import optimize_marginals_laplace, residual_planner
 from dpopt.solvers.pidentity import optimize_pidentity, pidentity_matrix
-from dpopt.solvers.result import CONVERGED, MIN_SOLVER_SECONDS, TIME_LIMIT, SolverResult
+from dpopt.solvers.result import CONVERGED, MIN_SOLVER_SECONDS, TIME_LIMIT, Selection, SolverResult
 from dpopt.strategy import FactoredStrategy, Strategy
 from dpopt.union_strategy import UnionKronStrategy
 from dpopt.workloads import (
@@ -59,35 +57,18 @@ def _past(deadline: float | None) -> bool:
     return deadline is not None and time.perf_counter() >= deadline
 
 
-@dataclass
-class HDMMSelection:
-    """A selected strategy with its exact expected error and a certified lower bound (same convention)."""
-
-    strategy: FactoredStrategy
-    error: ErrorReport
-    bound: float
-    bound_kind: str
-    solver: str
-    status: str
-    iterations: int = 0
-    gap: float | None = None
-    wall_seconds: float = 0.0
-    cpu_seconds: float = 0.0
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def of(cls, strategy: FactoredStrategy, workload: Workload,
-           privacy: Privacy, *, solver: str, status: str, iterations: int, t0: float, c0: float,
-           unit_bound: tuple[float, str] | None = None, extra: dict[str, Any] | None = None) -> HDMMSelection:
-        """The selection of `strategy`: its exact error, P times the unit bound (the workload's own certified
-        bound by default) with the gap error / bound - 1, and the seconds since perf_counter t0, process_time c0."""
-        err = strategy.expected_error(workload, privacy)
-        value, kind = workload.error_lower_bound() if unit_bound is None else unit_bound
-        bound = privacy.variance_factor * value
-        return cls(strategy=strategy, error=err, bound=bound, bound_kind=kind, solver=solver, status=status,
-                   iterations=iterations, gap=err.total / bound - 1.0 if bound > 0 else None,
-                   wall_seconds=time.perf_counter() - t0, cpu_seconds=time.process_time() - c0,
-                   extra=extra or {})
+def selection_of(strategy: FactoredStrategy, workload: Workload, privacy: Privacy, *, solver: str, status: str,
+                 iterations: int, t0: float, c0: float, unit_bound: tuple[float, str] | None = None,
+                 extra: dict[str, Any] | None = None) -> Selection:
+    """The selection of `strategy`: its exact error, P times the unit bound (the workload's own certified bound
+    by default) with the gap error / bound - 1, and the seconds since perf_counter t0, process_time c0."""
+    err = strategy.expected_error(workload, privacy)
+    value, kind = workload.error_lower_bound() if unit_bound is None else unit_bound
+    bound = privacy.variance_factor * value
+    return Selection(strategy=strategy, error=err, privacy=privacy, bound=bound, bound_kind=kind, solver=solver,
+                     status=status, iterations=iterations, gap=err.total / bound - 1.0 if bound > 0 else None,
+                     wall_seconds=time.perf_counter() - t0, cpu_seconds=time.process_time() - c0,
+                     extra=extra or {})
 
 
 def default_p(n: int) -> int:
@@ -236,7 +217,7 @@ def _kept_note(kept: list[str], optimiser: str) -> str:
 def optimize_kron(
     workload: Kron, privacy: Privacy, factor_solver: FactorSolver | None = None,
     deadline: float | None = None, progress: Progress | None = None,
-) -> HDMMSelection:
+) -> Selection:
     """Product of per-factor optima for a Kronecker workload (certified for (eps, delta); see module doc).
 
     deadline (a `time.perf_counter()` value) and progress reach the default factor solver: a factor
@@ -263,7 +244,7 @@ def optimize_kron(
     else:
         unit_bound = svdb
         bound_kind = "svd bound"
-    return HDMMSelection.of(
+    return selection_of(
         strat, workload, privacy,
         solver=("convex-dp per factor" if not privacy.is_pure else "p-identity L-BFGS-B") + _kept_note(kept, optimiser),
         status=_status(results, "converged" if privacy.is_pure else "optimal"),
@@ -281,7 +262,7 @@ def optimize_union_kron(
     factor_solver: FactorSolver | None = None,
     deadline: float | None = None,
     progress: Progress | None = None,
-) -> HDMMSelection:
+) -> Selection:
     """HDMM OPT_(x) for a union of Kronecker products: block coordinate descent over the factors.
 
     deadline (a `time.perf_counter()` value): the factor solves get it, and descent stops after the
@@ -312,7 +293,7 @@ def optimize_union_kron(
             capped = True
             break
     strat = KronStrategy([m for m in mats if m is not None], name="union-kron")
-    return HDMMSelection.of(
+    return selection_of(
         strat, workload, privacy,
         solver="block coordinate descent (" + ("p-identity" if privacy.is_pure else "convex-dp") + ")",
         status=TIME_LIMIT if capped else ("converged" if len(history) < sweeps else "max_iter"),
@@ -323,7 +304,7 @@ def optimize_union_kron(
 def optimize_union_of_krons(
     workload: Stack, privacy: Privacy, factor_solver: FactorSolver | None = None,
     deadline: float | None = None, progress: Progress | None = None,
-) -> HDMMSelection:
+) -> Selection:
     """HDMM OPT_+: each term k gets its own optimised Kronecker part A^(k) (unit sensitivity), weighted w_k.
 
     With per-term errors e_k = a_k ||W_k A^(k)+||_F^2, the error (sum_k w_k)^2 sum_k e_k / w_k^2 (L1) is
@@ -345,7 +326,7 @@ def optimize_union_of_krons(
     w = e ** (1.0 / 3.0) if privacy.is_pure else e**0.25
     w = w / (w.sum() if privacy.is_pure else math.sqrt(float(np.sum(w**2))))
     strat = UnionKronStrategy(parts, w, list(range(len(parts))))
-    return HDMMSelection.of(
+    return selection_of(
         strat, workload, privacy,
         solver="union of Kronecker parts (" + ("p-identity" if privacy.is_pure else "convex-dp") + ")",
         status=TIME_LIMIT if TIME_LIMIT in statuses else "converged", iterations=iters, t0=t0, c0=c0,
@@ -353,7 +334,7 @@ def optimize_union_of_krons(
     )
 
 
-def optimize_union(workload: Stack, privacy: Privacy, **opts: Any) -> HDMMSelection:
+def optimize_union(workload: Stack, privacy: Privacy, **opts: Any) -> Selection:
     """The better of OPT_(x) (one Kronecker strategy, block descent) and OPT_+ (a union of Kronecker parts).
 
     OPT_+ is skipped when opts' deadline has passed after OPT_(x) (status TIME_LIMIT).
@@ -372,7 +353,7 @@ def optimize_union(workload: Stack, privacy: Privacy, **opts: Any) -> HDMMSelect
     return best
 
 
-def optimize_marginals(workload: Marginals, privacy: Privacy, **opts: Any) -> HDMMSelection:
+def optimize_marginals(workload: Marginals, privacy: Privacy, **opts: Any) -> Selection:
     """(eps, delta): ResidualPlanner's closed form (optimal, gap 0); eps-DP: HDMM's marginal template."""
     t0, c0 = time.perf_counter(), time.process_time()
     if privacy.is_pure:
@@ -383,18 +364,18 @@ def optimize_marginals(workload: Marginals, privacy: Privacy, **opts: Any) -> HD
     else:
         strat, _ = residual_planner(workload)
         solver, status, iters = "residual planner (closed form)", "optimal", 0
-    return HDMMSelection.of(
+    return selection_of(
         strat, workload, privacy, solver=solver, status=status, iterations=iters, t0=t0, c0=c0,
         unit_bound=(workload.svd_bound(), "svd bound (tight for marginals under (eps, delta))"),
     )
 
 
-def hdmm_rmse(selection: HDMMSelection, privacy: Privacy) -> float:
+def hdmm_rmse(selection: Selection, privacy: Privacy) -> float:
     """RMSE in HDMM's convention: sqrt(sens^2 ||W A^+||_F^2 / m), no privacy constant."""
     return math.sqrt(selection.error.total / privacy.variance_factor / selection.error.m)
 
 
-def select_strategy(workload: Workload, privacy: Privacy, **opts: Any) -> HDMMSelection:
+def select_strategy(workload: Workload, privacy: Privacy, **opts: Any) -> Selection:
     """Dispatch on the workload's structure: marginals, a single Kronecker product, or a union."""
     if not isinstance(privacy, Privacy):
         raise ValueError(f"privacy must be a dpopt.privacy.Privacy, got {type(privacy).__name__}")

@@ -24,7 +24,7 @@ from dpopt.data import Records, data_vector
 from dpopt.error import ErrorReport, _row_sq_norms, answers_through, expected_error, noisy_answers
 from dpopt.kron_strategy import KronStrategy
 from dpopt.privacy import Perturb, Privacy, research_perturb
-from dpopt.solvers.result import MIN_SOLVER_SECONDS
+from dpopt.solvers.result import MIN_SOLVER_SECONDS, Selection
 from dpopt.strategy import Strategy, StrategyError
 from dpopt.validation import check_finite_vector
 from dpopt.workloads import (
@@ -61,22 +61,6 @@ class FitInfo:
     gap: float | None = None
     message: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class Selection:
-    """What a mechanism's `_select` returns: the strategy and how it was found."""
-
-    strategy: Strategy
-    solver: str = "closed-form"
-    status: str = "optimal"
-    iterations: int = 0
-    gap: float | None = None
-    message: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
-    # The strategy's exact error when the selection already computed it (the baseline check does), with the
-    # privacy it was computed under, so that fit does not compute it again.
-    error: tuple[Privacy, ErrorReport] | None = field(default=None, repr=False)
 
 
 ProgressSink = Callable[[dict[str, Any]], None]
@@ -319,8 +303,8 @@ class Mechanism(ABC):
         self.privacy_ = privacy
         self.strategy_ = strategy
         self._reconstruction = None  # B, computed on the first answer() and reused
-        known = sel.error  # computed under sel.error[0]; a shared selection may come from another eps
-        self.expected_error_ = (known[1] if known is not None and known[0] == privacy
+        # the error computed during selection, if under this privacy (a shared selection may come from another eps)
+        self.expected_error_ = (sel.error if sel.error is not None and sel.privacy == privacy
                                 else expected_error(strategy, workload, privacy, rtol=self.support_rtol))
         self.bound_ = lower_bound(workload, privacy)
         self.fit_info_ = FitInfo(
@@ -476,10 +460,11 @@ class Mechanism(ABC):
         extra = {**sel.extra, "baseline_errors": errors, "returned": best}
         if best == own:
             message = f"{sel.message}; its error {own_err:.6g} is at most every baseline's".lstrip("; ")
-            return replace(sel, message=message, extra=extra, error=(privacy, own_report))
+            return replace(sel, message=message, extra=extra, error=own_report, privacy=privacy)
         return replace(
             sel,
-            error=(privacy, reports[best]),
+            error=reports[best],
+            privacy=privacy,
             strategy=baselines[best],
             status=f"{sel.status}; {best} returned: lower error than {self.short_name}'s own strategy",
             message=(f"{sel.message}; {best}'s error {best_err:.6g} is below the error {own_err:.6g} of "

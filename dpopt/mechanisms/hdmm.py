@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from dpopt.hdmm import HDMMSelection, select_strategy
+from dpopt.hdmm import select_strategy
 from dpopt.mechanisms.base import FitInfo, Mechanism, MechanismError, Selection, current_budget
 from dpopt.privacy import Privacy
 from dpopt.solvers.result import TIME_LIMIT
@@ -79,7 +79,7 @@ class HDMMMechanism(Mechanism):
             raise MechanismError(f"{self.short_name}: privacy must be a dpopt.privacy.Privacy")
         try:
             w = kron_form(workload)
-            sel: HDMMSelection = select_strategy(w, privacy, **self._budget_options(start))
+            sel: Selection = select_strategy(w, privacy, **self._budget_options(start))
             w, sel = self._one_factor_if_better(w, sel, privacy, start)
         except ValueError as exc:
             raise MechanismError(f"{self.short_name}: {exc}") from None
@@ -104,8 +104,8 @@ class HDMMMechanism(Mechanism):
         return self
 
     def _one_factor_if_better(
-        self, w: Workload, sel: HDMMSelection, privacy: Privacy, start: float
-    ) -> tuple[Workload, HDMMSelection]:
+        self, w: Workload, sel: Selection, privacy: Privacy, start: float
+    ) -> tuple[Workload, Selection]:
         """For a union of Kronecker products on a small domain, the one-factor selection too, if better.
 
         The union-of-products template is a restriction (each term answered by one product part): over

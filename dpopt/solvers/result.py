@@ -1,12 +1,18 @@
-"""The one result shape every hand-written solver returns (modelled on scipy.optimize.OptimizeResult)."""
+"""The result types: `SolverResult`, what every hand-written solver returns (modelled on
+scipy.optimize.OptimizeResult), and `Selection`, what every strategy selection returns."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from dpopt.error import ErrorReport
+    from dpopt.privacy import Privacy
+    from dpopt.strategy import Strategy
 
 # Status codes shared by all solvers.
 CONVERGED = "converged"
@@ -94,3 +100,27 @@ def stop_rule(
     if time_limit is not None and elapsed > time_limit:
         return TIME_LIMIT, f"time limit {time_limit:g} s reached"
     return None
+
+
+@dataclass
+class Selection:
+    """A selected strategy and how it was found: a mechanism's `_select`, and HDMM's `dpopt.hdmm.select_strategy`.
+
+    error: the strategy's exact error when the selection computed it, under `privacy` (so a fit need not
+    compute it again); bound / bound_kind: a certified lower bound on every strategy's error under the same
+    privacy, when the selection has one; wall_seconds / cpu_seconds: the selection's own time.
+    """
+
+    strategy: Strategy
+    solver: str = "closed-form"
+    status: str = "optimal"
+    iterations: int = 0
+    gap: float | None = None
+    message: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+    error: ErrorReport | None = field(default=None, repr=False)
+    privacy: Privacy | None = field(default=None, repr=False)
+    bound: float | None = None
+    bound_kind: str = ""
+    wall_seconds: float = 0.0
+    cpu_seconds: float = 0.0
