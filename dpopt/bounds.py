@@ -27,6 +27,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 from scipy.special import gammaln
 
+from dpopt.linalg import psd_sqrt
 from dpopt.workloads import Workload, _scaled, as_workload
 
 EPS = float(np.finfo(float).eps)
@@ -215,25 +216,21 @@ def supreme_svd_bound(
     return _scaled(best_val, w.gram_log_scale), best
 
 
-def sqrt_gram(G: np.ndarray) -> np.ndarray:
-    """The PSD square root (W^T W)^{1/2}."""
-    lam, V = np.linalg.eigh((G + G.T) / 2)
-    return (V * np.sqrt(np.clip(lam, 0.0, None))) @ V.T
-
-
 def thm56_upper_bound(workload: Workload | np.ndarray) -> float:
     """MINERROR(W) <= n d_0 SVDB(W) / trace(sqrt(W^T W)), d_0 = max diag sqrt(W^T W) (seed 004 Thm. 5.6)."""
     w = as_workload(workload)
     G = w.gram()
-    S = sqrt_gram(G)
+    S = psd_sqrt(G)
     n = G.shape[0]
     val = n * float(np.max(np.diag(S))) * svd_bound_from_gram(G) / float(np.trace(S))
     return _scaled(val, w.gram_log_scale)
 
 
 def svdb_strategy_gram(G: np.ndarray) -> np.ndarray:
-    """X = sqrt(W^T W) rescaled to max diagonal 1: the strategy behind Thm. 5.6 (seed 004 Sec. 4.2)."""
-    S = sqrt_gram(G)
+    """X = sqrt(W^T W) rescaled to max diagonal 1: the strategy behind Thm. 5.6 (seed 004 Sec. 4.2).
+
+    (`dpopt.solvers.convex_dp_primal.svdb_start` rescales the same root to unit diagonal instead.)"""
+    S = psd_sqrt(G)
     return S / float(np.max(np.diag(S)))
 
 

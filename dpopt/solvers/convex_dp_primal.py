@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import scipy.linalg as sla
 
+from dpopt.linalg import psd_sqrt
 from dpopt.solvers.convex_dp_core import certified_status, dual_bound_from_factor
 from dpopt.solvers.result import (
     MAX_ITER,
@@ -44,8 +45,7 @@ _MAX_BACKTRACK = 50
 
 def svdb_start(G: np.ndarray) -> np.ndarray:
     """SVD-bound strategy Gram G^{1/2} rescaled to unit diagonal (seed 004, proof of Thm. 4.2), (n, n)."""
-    lam, Q = np.linalg.eigh(G)
-    root = (Q * np.sqrt(np.clip(lam, 0.0, None))) @ Q.T
+    root = psd_sqrt(G)
     scale = 1.0 / np.sqrt(np.diag(root))
     X0 = root * scale[:, None] * scale[None, :]
     np.fill_diagonal(X0, 1.0)
