@@ -54,7 +54,7 @@ __all__ = ["solve_convex_dp", "convex_dp_dual_bound", "convex_dp_objective", "sv
 _METHODS = ("dual", "primal")
 
 
-def _check_start(x0: np.ndarray, G: np.ndarray, V_full: np.ndarray, method: str, c: float) -> np.ndarray:
+def _check_start(x0: np.ndarray, G: np.ndarray, V_full: np.ndarray | None, method: str, c: float) -> np.ndarray:
     """Turn x0 into the start the method needs: multipliers d0 for G = G_input / c (dual) or a
     unit-diagonal X0 (primal)."""
     n = G.shape[0]
@@ -155,7 +155,8 @@ def solve_convex_dp(
     if time_limit is not None and not time_limit > 0:
         raise ValueError(f"time_limit must be positive seconds or None; got {time_limit!r}")
     G, c = unit_scale(check_gram(G))
-    V, V_full, _ = range_factor(G, rank_tol=rank_tol)
+    full = method == "primal" or (x0 is not None and np.ndim(x0) == 2)  # V_full only for these
+    V, V_full, _ = range_factor(G, rank_tol=rank_tol, full=full)
     start = None if x0 is None else _check_start(x0, G, V_full, method, c)
     callback = unscaled_callback(callback, c)
     if method == "dual":
@@ -166,6 +167,7 @@ def solve_convex_dp(
         if max_iter < 0 or max_cg < 1:
             raise ValueError(f"max_iter must be >= 0 and max_cg >= 1; got {max_iter}, {max_cg}")
         d0 = svdb_multipliers(V) if start is None else start
+        del G, V_full  # the dual ascent needs only V
         res = solve_dual(V, tol=tol, max_iter=max_iter, forcing=forcing, max_cg=max_cg, d0=d0,
                          active_tol=active_tol, damping=damping, callback=callback, time_limit=time_limit)
         return undo_unit_scale(res, c)

@@ -70,14 +70,14 @@ def check_gram(G: np.ndarray, *, name: str = "G", sym_rtol: float = 1e-10) -> np
 
 
 def range_factor(
-    G: np.ndarray, *, rank_tol: float = RANK_TOL, psd_rtol: float = 1e-8
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    G: np.ndarray, *, rank_tol: float = RANK_TOL, psd_rtol: float = 1e-8, full: bool = True
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
     """Factor G = V^T V restricted to the range of G.
 
     Returns (V, V_full, lam): V has shape (k, n) with orthogonal rows, k = numerical rank of G
     (eigenvalues above rank_tol * max eigenvalue); V_full (n, n) keeps every eigen-direction (round-off
-    negatives clipped to 0), so V_full^T V_full = G to working accuracy; lam (n,) are the eigenvalues
-    of G in ascending order.
+    negatives clipped to 0), so V_full^T V_full = G to working accuracy (None when full=False, which
+    saves an n x n array); lam (n,) are the eigenvalues of G in ascending order.
     Raises ValueError if G has an eigenvalue below -psd_rtol * max eigenvalue (not PSD).
     """
     lam, Q = np.linalg.eigh(G)
@@ -90,8 +90,13 @@ def range_factor(
             f"-{psd_rtol:g} * largest ({top:.3e})"
         )
     keep = lam > rank_tol * top
-    V_full = (Q * np.sqrt(np.clip(lam, 0.0, None))).T
-    return np.ascontiguousarray(V_full[keep]), V_full, lam
+    if full:
+        V_full = (Q * np.sqrt(np.clip(lam, 0.0, None))).T
+        return np.ascontiguousarray(V_full[keep]), V_full, lam
+    V = np.ascontiguousarray(Q[:, keep].T)
+    del Q
+    V *= np.sqrt(lam[keep])[:, None]
+    return V, None, lam
 
 
 def check_multipliers(d: np.ndarray, n: int) -> np.ndarray:
