@@ -28,6 +28,8 @@ from dpopt.solvers.result import SolverResult, relative_gap
 _PD_RTOL = 1e3 * np.finfo(float).eps
 #: Rows (of Z) or columns (of V^T) per block in streamed reductions: caps temporaries at _BLOCK x n.
 _BLOCK = 512
+#: Precision of the Hessian products inside CG (the Newton direction only; every iterate is evaluated in float64).
+CG_DTYPE = np.float32
 
 
 def _weighted_column_squares(Z: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -78,16 +80,19 @@ class ConvexDPDual:
         self, p: DualPoint, free: np.ndarray, grad: np.ndarray, eta: float, max_cg: int, damping: float
     ) -> tuple[np.ndarray, int]:
         s, Z = p.data
-        kappa = 1.0 / (s[:, None] * s[None, :] * (s[:, None] + s[None, :]))
-        Zf = Z if free.all() else Z[:, free]
-        Q = Zf * Zf
+        top = float(s.max())
+        sh = (s / top).astype(CG_DTYPE)  # kappa = kappa_hat / top^3 keeps kappa_hat within float32 range
+        kappa = 1.0 / (sh[:, None] * sh[None, :] * (sh[:, None] + sh[None, :]))
+        Zf = (Z if free.all() else Z[:, free]).astype(CG_DTYPE, copy=CG_DTYPE != Z.dtype)
+        unit = 1.0 / top**3
 
         def hess_vec(w: np.ndarray) -> np.ndarray:
-            Y = (Zf * w) @ Zf.T
+            Y = (Zf * w.astype(CG_DTYPE)) @ Zf.T
             Y *= kappa
-            return np.einsum("an,an->n", Zf, Y @ Zf)
+            return unit * np.einsum("an,an->n", Zf, Y @ Zf).astype(float)
 
-        h_diag = np.einsum("an,an->n", Q, kappa @ Q)
+        Q = Zf * Zf
+        h_diag = unit * np.einsum("an,an->n", Q, kappa @ Q).astype(float)
         del Q
         return pcg(hess_vec, h_diag, grad[free], eta, max_cg, damping)
 
