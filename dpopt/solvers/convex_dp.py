@@ -170,6 +170,7 @@ def solve_convex_dp(
         del G, V_full  # the dual ascent needs only V
         res = solve_dual(V, tol=tol, max_iter=max_iter, forcing=forcing, max_cg=max_cg, d0=d0,
                          active_tol=active_tol, damping=damping, callback=callback, time_limit=time_limit)
+        res.extra["decompositions"]["eigh"] += 1  # G's, in range_factor
         return undo_unit_scale(res, c)
     max_iter = 300 if max_iter is None else int(max_iter)
     max_cg = 100 if max_cg is None else int(max_cg)
