@@ -132,8 +132,9 @@ def dual_bound_from_factor(V: np.ndarray, d: np.ndarray, *, scaled: bool = True,
     return 2.0 * np.sqrt(scale * d_max) * phi - float(d.sum())
 
 
-#: Relative size of the Lanczos estimate of lambda_min(W W^T) - 1 trusted as a first shift (then x10).
-_SHIFT_SAFETY = 2.0
+#: First shift tried, as a multiple of the Lanczos estimate of -lambda_min(W W^T - I) (a Ritz value, so
+#: never above the true one; tol 1e-2); each failed Cholesky test doubles the shift.
+_SHIFT_SAFETY = 1.25
 #: Largest shift tried before `nuclear_norm_lower_bound` gives up (the bound would lose > 0.5e-3).
 _SHIFT_MAX = 1e-3
 #: Up to this k the estimate of lambda_min(F) is a dense eigenvalue solve (Lanczos needs k > 1).
@@ -158,8 +159,8 @@ def nuclear_norm_lower_bound(Z: np.ndarray, d: np.ndarray) -> float | None:
 
         ||N||_* >= sqrt(1 - tau - mu) * sum(r)   whenever  F + tau I is positive semidefinite,
 
-    proven by a Cholesky factorisation (`_proves_psd`) at tau = 2 x a Lanczos estimate of -lambda_min(F),
-    then 10 tau, ... up to _SHIFT_MAX. mu = 2 k max(k, n) eps covers the rounding of F = fl(W W^T) - I
+    proven by a Cholesky factorisation (`_proves_psd`) at tau = 1.25 x a Lanczos estimate of -lambda_min(F),
+    then 2 tau, 4 tau, ... up to _SHIFT_MAX. mu = 2 k max(k, n) eps covers the rounding of F = fl(W W^T) - I
     (|dF| <= gamma_n entrywise, so ||dF||_2 <= k gamma_n), of the Cholesky test, and ||U||_2 - 1 (a
     computed eigenbasis is orthogonal to O(k eps)); the remaining rounding (of Z and of r) is an absolute
     O(k eps ||N||) per singular value, the order of a backward-stable SVD's. Costs one k x n by n x k
@@ -186,7 +187,7 @@ def nuclear_norm_lower_bound(Z: np.ndarray, d: np.ndarray) -> float | None:
     while tau <= _SHIFT_MAX:
         if _proves_psd(F, tau):
             return float(np.sqrt(max(1.0 - tau - mu, 0.0)) * r.sum())
-        tau *= 10.0
+        tau *= 2.0
     return None
 
 
