@@ -14,7 +14,8 @@ benchmarked row and is the only one that certifies singular G:
 - ``"dual"``: projected Newton-CG on the n multipliers (`convex_dp_dual`), started at the SVD-bound
   strategy's multipliers d0 = diag(G^{1/2})^2. An iteration is one eigen-decomposition of the k x k
   matrix V D V^T (k = rank G) plus a few CG products of O(n k^2); the primal point
-  X(d) = V^T (V D V^T)^{-1/2} V and the certificate come with every iterate. On AllRange, Prefix and
+  X(d) = V^T (V D V^T)^{-1/2} V and the certificate come with every iterate, and the final certificate
+  reuses the last eigenbasis (no further decomposition; extra["decompositions"] counts them). On AllRange, Prefix and
   Width32 (n = 128..2048) it needs 1-5 Newton iterations and at most about a dozen CG products for a
   certified gap <= 1e-6 (benchmarks/results/convex_dp.md). It also solves singular G exactly (Width32
   has rank n - 31): the optimal X is then singular (rank k, range(G)), which only a range-restricted

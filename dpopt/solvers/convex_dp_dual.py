@@ -7,8 +7,15 @@ Maximises g(d) = 2 ||V D^{1/2}||_* - sum(d) over d >= 0 (derivation in `convex_d
     -Hess g = H,    H_ij = sum_ab z_ia z_ja z_ib z_jb / (s_a s_b (s_a + s_b)),
 
 so one iteration is one symmetric eigen-decomposition of T plus a few CG products, each two
-(k x n) by (n x k) matrix products. Cells whose multiplier reaches zero (e.g. the end cells of WidthK)
-have diag(X) < 1 at the optimum.
+(k x n) by (n x k) matrix products (in float32: they only shape the Newton direction). Cells whose
+multiplier reaches zero (e.g. the end cells of WidthK) have diag(X) < 1 at the optimum.
+
+Cost per solve, in O(n^3) steps: one eigen-decomposition of G (`range_factor`), one of T per evaluated
+point (the start, each Newton iterate, each backtracked trial), two products per evaluated point (T and
+Z), two float32 products per CG step plus one for the Jacobi diagonal per Newton step, and per primal
+candidate one product, one Cholesky factorisation and one triangular solve. The certificate reuses the
+last eigenbasis (`convex_dp_core.nuclear_norm_lower_bound`: one product and a Cholesky factorisation);
+the SVD of V D^{1/2} is computed only if that bound leaves a gap above tol.
 """
 
 from __future__ import annotations
