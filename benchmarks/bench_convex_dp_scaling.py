@@ -8,24 +8,30 @@ Three solvers of  min trace(G X^{-1}) s.t. diag(X) = 1  (seed 002), G = W^T W:
 - ``clarabel`` / ``scs``: the CVXPY Schur-complement SDP `formulations.mm_approx` (Clarabel at its
   default tolerance 1e-8, SCS at eps = 1e-6), at n = 16, 32, 48, 64 only, against ``ours`` at tol 1e-8.
 
-Every run is a fresh subprocess (BLAS limited to one thread by threadpoolctl and the environment) that
-reports wall and CPU seconds of the solve, the certified gap, the objective, and the peak resident
-memory (getrusage maxrss), also as growth over the process's maxrss after imports and building G,
-in units of n^2 doubles. Median of 3 runs at n <= 512, 1 run above; every run has a wall-clock budget
+Every run is a fresh subprocess (BLAS limited to --threads threads, default one, by threadpoolctl and
+the environment) that reports wall and CPU seconds of the solve, the certified gap, the objective, the
+eigen-decompositions and SVDs the solve made, and the peak resident memory (getrusage maxrss), also as
+growth over the process's maxrss after imports and building G, in units of n^2 doubles. Median of 3 runs at n <= 512, 1 run above; every run has a wall-clock budget
 (--budget seconds; the paper baseline and the conic solvers are skipped at sizes where the previous
 size already exceeded the budget or a projection of it does).
 
     .venv/bin/python -m benchmarks.bench_convex_dp_scaling [--quick] [--workloads all-range,prefix,width32]
 
-writes benchmarks/results/convex_dp_scaling.csv and benchmarks/results/convex_dp_scaling.md.
+writes benchmarks/results/convex_dp_scaling.csv and benchmarks/results/convex_dp_scaling.md. With --large,
+ours only (no paper baseline, no conic solvers) in one compact table, e.g. the n = 8192 table:
+
+    .venv/bin/python -m benchmarks.bench_convex_dp_scaling --large --sizes 8192 --threads 2 \
+        --workloads all-range,prefix,width32 --budget 1800 --out convex_dp_8192
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -68,11 +74,11 @@ def feasible_objective(G: np.ndarray, X: np.ndarray | None, support_rtol: float 
     return float(np.einsum("ij,ij->j", V, GV) @ (1.0 / lam))
 
 
-def child(solver: str, workload: str, n: int, tol: float) -> dict:
-    """One measured solve in this (fresh) process; returns the row."""
+def child(solver: str, workload: str, n: int, tol: float, threads: int = 1) -> dict:
+    """One measured solve in this (fresh) process with `threads` BLAS threads; returns the row."""
     from threadpoolctl import threadpool_limits
 
-    threadpool_limits(1)
+    threadpool_limits(threads)
     from benchmarks.bench_convex_dp import closed_form_gram
     from dpopt.solvers.convex_dp import convex_dp_objective, solve_convex_dp
     from dpopt.solvers.convex_dp_paper import solve_convex_dp_paper
@@ -102,21 +108,48 @@ def child(solver: str, workload: str, n: int, tol: float) -> dict:
         base = _maxrss_mb()
         t0, c0 = time.perf_counter(), time.process_time()
         if solver == "ours":
-            res = solve_convex_dp(G, method="dual", tol=tol)
+            res = solve_convex_dp(G, method="dual", tol=tol, callback=_progress(t0, f"{workload} n={n} threads={threads}"))
         else:
             res = solve_convex_dp_paper(G)
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         row.update(status=res.status, fun=res.fun, gap=res.gap, nit=res.nit, ninner=res.ninner)
+        decompositions = res.extra.get("decompositions", {})
+        row.update(eigh=decompositions.get("eigh"), svd=decompositions.get("svd"),
+                   certificate=res.extra.get("certificate"))
     peak = _maxrss_mb()
-    row.update(wall_s=wall, cpu_s=cpu, peak_mb=peak, base_mb=base,
+    row.update(threads=threads, wall_s=wall, cpu_s=cpu, peak_mb=peak, base_mb=base,
                growth_n2=(peak - base) * 2**20 / (8.0 * n * n))
     return row
 
 
-def run_once(solver: str, workload: str, n: int, tol: float, budget: float) -> dict:
+#: Children append one line per Newton iteration here (their stdout carries only the result row).
+PROGRESS = Path(tempfile.gettempdir()) / "bench_convex_dp_scaling.progress"
+
+
+def _progress(t0: float, label: str):
+    """Solver callback appending one line per Newton iteration to PROGRESS (follow it with tail -f)."""
+
+    def report(info: dict) -> None:
+        with PROGRESS.open("a") as fh:
+            fh.write(f"{label}: nit {info['nit']} gap {info['gap']:.2e} at {time.perf_counter() - t0:.0f} s\n")
+
+    return report
+
+
+def _exec_with_threads(threads: int, argv: list[str]) -> None:
+    """Re-run this child with the BLAS thread variables set to `threads` (the parent's runner fixes them at 1,
+    and OpenBLAS sizes its pool from them when it loads); exec keeps the pid, so the budget still applies."""
+    names = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+    if threads > 1 and any(os.environ.get(k) != str(threads) for k in names):
+        env = dict(os.environ, **{k: str(threads) for k in names})
+        os.execve(sys.executable, [sys.executable, "-m", "benchmarks.bench_convex_dp_scaling", *argv], env)
+
+
+def run_once(solver: str, workload: str, n: int, tol: float, budget: float, threads: int = 1) -> dict:
     """`child` in a subprocess with a wall-clock budget; a timeout or crash becomes the status."""
-    base = {"solver": solver, "workload": workload, "n": n, "tol": tol}
-    run = run_module("benchmarks.bench_convex_dp_scaling", ["--child", solver, workload, str(n), str(tol)], budget)
+    base = {"solver": solver, "workload": workload, "n": n, "tol": tol, "threads": threads}
+    args = ["--child", solver, workload, str(n), str(tol), "--threads", str(threads)]
+    run = run_module("benchmarks.bench_convex_dp_scaling", args, budget)
     if run.timed_out:
         return {**base, "status": f"budget_exceeded ({budget:.0f} s)", "wall_s": float("nan")}
     if run.returncode != 0:
@@ -126,19 +159,19 @@ def run_once(solver: str, workload: str, n: int, tol: float, budget: float) -> d
     return row
 
 
-def measure(solver: str, workload: str, n: int, tol: float, budget: float) -> dict:
+def measure(solver: str, workload: str, n: int, tol: float, budget: float, threads: int = 1) -> dict:
     """Median of 3 runs at n <= REPEAT_MAX_N (1 run above, or when the first run failed)."""
-    first = run_once(solver, workload, n, tol, budget)
+    first = run_once(solver, workload, n, tol, budget, threads)
     repeats = 3 if n <= REPEAT_MAX_N and "cpu_s" in first else 1
-    rows = [first] + [run_once(solver, workload, n, tol, budget) for _ in range(repeats - 1)]
+    rows = [first] + [run_once(solver, workload, n, tol, budget, threads) for _ in range(repeats - 1)]
     rows = [r for r in rows if "cpu_s" in r] or [first]
     med = dict(rows[0])
     for key in ("wall_s", "cpu_s", "peak_mb", "growth_n2"):
         if key in med:
             med[key] = float(np.median([r[key] for r in rows]))
     med["runs"] = len(rows)
-    print(json.dumps({k: med.get(k) for k in ("solver", "workload", "n", "status", "wall_s", "cpu_s",
-                                                "gap", "fun", "peak_mb")}), flush=True)
+    print(json.dumps({k: med.get(k) for k in ("solver", "workload", "n", "threads", "status", "wall_s", "cpu_s",
+                                                "gap", "fun", "peak_mb", "eigh", "svd")}), flush=True)
     return med
 
 
@@ -205,6 +238,47 @@ def conic_table(df: pd.DataFrame) -> list[str]:
     return lines
 
 
+def large_table(df: pd.DataFrame) -> list[str]:
+    """ours only: status, certified gap, wall and CPU seconds, peak memory and decompositions per (workload, n)."""
+    lines = ["| workload | n | threads | status | gap | wall s | cpu s | peak MB | growth / n^2 doubles | eigh | svd "
+             "| nit | CG steps | certificate | runs |",
+             "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+    for _, r in df.iterrows():
+        r = r.to_dict()
+        lines.append(
+            f"| {r['workload']} | {r['n']} | {r.get('threads', 1)} | {r.get('status')} | {_fmt(r.get('gap'), '.1e')} "
+            f"| {_fmt(r.get('wall_s'), '.0f')} | {_fmt(r.get('cpu_s'), '.0f')} | {_fmt(r.get('peak_mb'), '.0f')} "
+            f"| {_fmt(r.get('growth_n2'), '.1f')} | {_fmt(r.get('eigh'), '.0f')} | {_fmt(r.get('svd'), '.0f')} "
+            f"| {_fmt(r.get('nit'), '.0f')} | {_fmt(r.get('ninner'), '.0f')} | {r.get('certificate', '-')} "
+            f"| {_fmt(r.get('runs'), '.0f')} |")
+    return lines
+
+
+def large_run(workloads: list[str], sizes: list[int], args: argparse.Namespace, argv: list[str] | None) -> None:
+    """--large: ours at each (workload, n), written as benchmarks/results/<out>.{csv,md} with `large_table`."""
+    print(f"per-iteration progress of each run: tail -f {PROGRESS}", flush=True)
+    rows = [measure("ours", w, n, args.tol, args.budget, args.threads) for w in workloads for n in sizes]
+    df = pd.DataFrame(rows)
+    stem = args.out or "convex_dp_large"
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    df.to_csv(RESULTS / f"{stem}.csv", index=False)
+    runs = "median of 3 runs at n <= 512, 1 run above" if min(sizes) <= REPEAT_MAX_N else "one run each"
+    md = [
+        "# (eps, delta) solver at large n: certified dual Newton", "",
+        f"Command: `.venv/bin/python -m benchmarks.bench_convex_dp_scaling {' '.join(argv or sys.argv[1:])}`. "
+        f"One fresh subprocess per run, BLAS {args.threads} thread(s) (threadpoolctl and environment), {runs}; "
+        f"budget {args.budget:.0f} wall seconds per run. solve_convex_dp(method='dual', tol={args.tol:g}); gap = "
+        "certified relative gap (fun - dual bound) / fun. Peak MB = maxrss of the run's process (G built by the "
+        "benchmark included); growth / n^2 doubles = (peak - maxrss after imports and building G) / (8 n^2 bytes). "
+        "eigh / svd = symmetric eigen-decompositions (of G once, then of V D V^T per evaluated point) and SVDs "
+        "the solve made; CG steps = Hessian products. The machine (2 cores, 24 GB) is shared: wall seconds "
+        f"include waiting for other load. {args.note}".rstrip(), "",
+        *large_table(df), "",
+    ]
+    (RESULTS / f"{stem}.md").write_text("\n".join(md))
+    print("\n".join(md))
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="n up to 1024, AllRange only, conic up to 48")
@@ -217,11 +291,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--conic-budget", type=float, default=240.0, help="wall seconds per conic run")
     ap.add_argument("--out", default=None, help="output stem under benchmarks/results/ (default "
                     "convex_dp_scaling, or convex_dp_scaling_quick with --quick)")
+    ap.add_argument("--threads", type=int, default=1, help="BLAS threads per run (threadpoolctl and environment)")
+    ap.add_argument("--large", action="store_true", help="ours only, one compact table (no paper, no conic)")
+    ap.add_argument("--note", default="", help="sentence added to the table header (e.g. other load on the machine)")
     ap.add_argument("--child", nargs=4, metavar=("SOLVER", "WORKLOAD", "N", "TOL"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
+        _exec_with_threads(args.threads, sys.argv[1:] if argv is None else argv)
         s, w, n, tol = args.child
-        print(json.dumps(child(s, w, int(n), float(tol))))
+        print(json.dumps(child(s, w, int(n), float(tol), args.threads)))
         return
     workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
     for w in workloads:
@@ -230,6 +308,9 @@ def main(argv: list[str] | None = None) -> None:
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else list(QUICK_SIZES if args.quick else SIZES)
     conic = ([int(s) for s in args.conic_sizes.split(",") if s.strip()] if args.conic_sizes is not None
              else list(CONIC_SIZES[:3] if args.quick else CONIC_SIZES))
+    if args.large:
+        large_run(workloads, sizes, args, argv)
+        return
     rows = []
     for w in workloads:
         for n in conic:

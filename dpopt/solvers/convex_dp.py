@@ -14,7 +14,8 @@ benchmarked row and is the only one that certifies singular G:
 - ``"dual"``: projected Newton-CG on the n multipliers (`convex_dp_dual`), started at the SVD-bound
   strategy's multipliers d0 = diag(G^{1/2})^2. An iteration is one eigen-decomposition of the k x k
   matrix V D V^T (k = rank G) plus a few CG products of O(n k^2); the primal point
-  X(d) = V^T (V D V^T)^{-1/2} V and the certificate come with every iterate. On AllRange, Prefix and
+  X(d) = V^T (V D V^T)^{-1/2} V and the certificate come with every iterate, and the final certificate
+  reuses the last eigenbasis (no further decomposition; extra["decompositions"] counts them). On AllRange, Prefix and
   Width32 (n = 128..2048) it needs 1-5 Newton iterations and at most about a dozen CG products for a
   certified gap <= 1e-6 (benchmarks/results/convex_dp.md). It also solves singular G exactly (Width32
   has rank n - 31): the optimal X is then singular (rank k, range(G)), which only a range-restricted
@@ -54,7 +55,7 @@ __all__ = ["solve_convex_dp", "convex_dp_dual_bound", "convex_dp_objective", "sv
 _METHODS = ("dual", "primal")
 
 
-def _check_start(x0: np.ndarray, G: np.ndarray, V_full: np.ndarray, method: str, c: float) -> np.ndarray:
+def _check_start(x0: np.ndarray, G: np.ndarray, V_full: np.ndarray | None, method: str, c: float) -> np.ndarray:
     """Turn x0 into the start the method needs: multipliers d0 for G = G_input / c (dual) or a
     unit-diagonal X0 (primal)."""
     n = G.shape[0]
@@ -155,7 +156,8 @@ def solve_convex_dp(
     if time_limit is not None and not time_limit > 0:
         raise ValueError(f"time_limit must be positive seconds or None; got {time_limit!r}")
     G, c = unit_scale(check_gram(G))
-    V, V_full, _ = range_factor(G, rank_tol=rank_tol)
+    full = method == "primal" or (x0 is not None and np.ndim(x0) == 2)  # V_full only for these
+    V, V_full, _ = range_factor(G, rank_tol=rank_tol, full=full)
     start = None if x0 is None else _check_start(x0, G, V_full, method, c)
     callback = unscaled_callback(callback, c)
     if method == "dual":
@@ -166,8 +168,10 @@ def solve_convex_dp(
         if max_iter < 0 or max_cg < 1:
             raise ValueError(f"max_iter must be >= 0 and max_cg >= 1; got {max_iter}, {max_cg}")
         d0 = svdb_multipliers(V) if start is None else start
+        del G, V_full  # the dual ascent needs only V
         res = solve_dual(V, tol=tol, max_iter=max_iter, forcing=forcing, max_cg=max_cg, d0=d0,
                          active_tol=active_tol, damping=damping, callback=callback, time_limit=time_limit)
+        res.extra["decompositions"]["eigh"] += 1  # G's, in range_factor
         return undo_unit_scale(res, c)
     max_iter = 300 if max_iter is None else int(max_iter)
     max_cg = 100 if max_cg is None else int(max_cg)

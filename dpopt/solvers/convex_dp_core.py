@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 import scipy.linalg as sla
+import scipy.sparse.linalg as spla
 
 from dpopt.solvers.result import CONVERGED, STALLED, SolverResult
 
@@ -69,14 +70,14 @@ def check_gram(G: np.ndarray, *, name: str = "G", sym_rtol: float = 1e-10) -> np
 
 
 def range_factor(
-    G: np.ndarray, *, rank_tol: float = RANK_TOL, psd_rtol: float = 1e-8
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    G: np.ndarray, *, rank_tol: float = RANK_TOL, psd_rtol: float = 1e-8, full: bool = True
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
     """Factor G = V^T V restricted to the range of G.
 
     Returns (V, V_full, lam): V has shape (k, n) with orthogonal rows, k = numerical rank of G
     (eigenvalues above rank_tol * max eigenvalue); V_full (n, n) keeps every eigen-direction (round-off
-    negatives clipped to 0), so V_full^T V_full = G to working accuracy; lam (n,) are the eigenvalues
-    of G in ascending order.
+    negatives clipped to 0), so V_full^T V_full = G to working accuracy (None when full=False, which
+    saves an n x n array); lam (n,) are the eigenvalues of G in ascending order.
     Raises ValueError if G has an eigenvalue below -psd_rtol * max eigenvalue (not PSD).
     """
     lam, Q = np.linalg.eigh(G)
@@ -89,8 +90,13 @@ def range_factor(
             f"-{psd_rtol:g} * largest ({top:.3e})"
         )
     keep = lam > rank_tol * top
-    V_full = (Q * np.sqrt(np.clip(lam, 0.0, None))).T
-    return np.ascontiguousarray(V_full[keep]), V_full, lam
+    if full:
+        V_full = (Q * np.sqrt(np.clip(lam, 0.0, None))).T
+        return np.ascontiguousarray(V_full[keep]), V_full, lam
+    V = np.ascontiguousarray(Q[:, keep].T)
+    del Q
+    V *= np.sqrt(lam[keep])[:, None]
+    return V, None, lam
 
 
 def check_multipliers(d: np.ndarray, n: int) -> np.ndarray:
@@ -124,6 +130,65 @@ def dual_bound_from_factor(V: np.ndarray, d: np.ndarray, *, scaled: bool = True,
     if scaled:
         return scale * phi * phi / float((d / d_max).sum())
     return 2.0 * np.sqrt(scale * d_max) * phi - float(d.sum())
+
+
+#: First shift tried, as a multiple of the Lanczos estimate of -lambda_min(W W^T - I) (a Ritz value, so
+#: never above the true one; tol 1e-2); each failed Cholesky test doubles the shift.
+_SHIFT_SAFETY = 1.25
+#: Largest shift tried before `nuclear_norm_lower_bound` gives up (the bound would lose > 0.5e-3).
+_SHIFT_MAX = 1e-3
+#: Up to this k the estimate of lambda_min(F) is a dense eigenvalue solve (Lanczos needs k > 1).
+_DENSE_ESTIMATE_MAX = 256
+
+
+def _proves_psd(F: np.ndarray, tau: float) -> bool:
+    """True when the Cholesky factorisation of F + tau I (F symmetric k x k) succeeds: then F + tau I + E
+    is PSD with |E| <= gamma_{k+1} |R^T| |R| (Demmel), a term `nuclear_norm_lower_bound` covers by its margin."""
+    A = F.copy()
+    A[np.diag_indices_from(A)] += tau
+    _, info = sla.lapack.dpotrf(A, lower=1, overwrite_a=1, clean=0)
+    return info == 0
+
+
+def nuclear_norm_lower_bound(Z: np.ndarray, d: np.ndarray) -> float | None:
+    """Lower bound on ||Z D^{1/2}||_* from nearly orthogonal rows (Ostrowski: s_i(diag(r) W) >= r_i s_min(W)).
+
+    Z (k, n) = U^T V for the eigenvectors U of V D V^T, so N = Z D^{1/2} has orthogonal rows up to
+    round-off: N = diag(r) W with r the row norms and W W^T = I + F, F small. By Ostrowski's theorem
+    sigma_i(N)^2 = lambda_i(diag(r) W W^T diag(r)) >= lambda_min(W W^T) r_(i)^2, hence
+
+        ||N||_* >= sqrt(1 - tau - mu) * sum(r)   whenever  F + tau I is positive semidefinite,
+
+    proven by a Cholesky factorisation (`_proves_psd`) at tau = 1.25 x a Lanczos estimate of -lambda_min(F),
+    then 2 tau, 4 tau, ... up to _SHIFT_MAX. mu = 2 k max(k, n) eps covers the rounding of F = fl(W W^T) - I
+    (|dF| <= gamma_n entrywise, so ||dF||_2 <= k gamma_n), of the Cholesky test, and ||U||_2 - 1 (a
+    computed eigenbasis is orthogonal to O(k eps)); the remaining rounding (of Z and of r) is an absolute
+    O(k eps ||N||) per singular value, the order of a backward-stable SVD's. Costs one k x n by n x k
+    product and a Cholesky, against an SVD (bidiagonalisation) of N. Returns None when no shift passes.
+    """
+    k, n = Z.shape
+    N = Z * np.sqrt(d)
+    r = np.sqrt(np.einsum("an,an->a", N, N))
+    if not (r > 0).all():
+        return None
+    N /= r[:, None]
+    F = N @ N.T
+    del N
+    F[np.diag_indices_from(F)] -= 1.0
+    mu = 2.0 * k * max(k, n) * np.finfo(float).eps
+    try:
+        if k <= _DENSE_ESTIMATE_MAX:
+            est = float(sla.eigvalsh(F, subset_by_index=(0, 0), check_finite=False)[0])
+        else:
+            est = float(spla.eigsh(F, k=1, which="SA", tol=1e-2, return_eigenvectors=False)[0])
+    except (spla.ArpackNoConvergence, spla.ArpackError, np.linalg.LinAlgError):
+        est = -float(np.abs(F).sum(axis=1).max())  # Gershgorin
+    tau = max(_SHIFT_SAFETY * max(-est, 0.0), mu)
+    while tau <= _SHIFT_MAX:
+        if _proves_psd(F, tau):
+            return float(np.sqrt(max(1.0 - tau - mu, 0.0)) * r.sum())
+        tau *= 2.0
+    return None
 
 
 def objective_from_factor(V: np.ndarray, X: np.ndarray) -> float:

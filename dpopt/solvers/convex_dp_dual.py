@@ -7,8 +7,15 @@ Maximises g(d) = 2 ||V D^{1/2}||_* - sum(d) over d >= 0 (derivation in `convex_d
     -Hess g = H,    H_ij = sum_ab z_ia z_ja z_ib z_jb / (s_a s_b (s_a + s_b)),
 
 so one iteration is one symmetric eigen-decomposition of T plus a few CG products, each two
-(k x n) by (n x k) matrix products. Cells whose multiplier reaches zero (e.g. the end cells of WidthK)
-have diag(X) < 1 at the optimum.
+(k x n) by (n x k) matrix products (in float32: they only shape the Newton direction). Cells whose
+multiplier reaches zero (e.g. the end cells of WidthK) have diag(X) < 1 at the optimum.
+
+Cost per solve, in O(n^3) steps: one eigen-decomposition of G (`range_factor`), one of T per evaluated
+point (the start, each Newton iterate, each backtracked trial), two products per evaluated point (T and
+Z), two float32 products per CG step plus one for the Jacobi diagonal per Newton step, and per primal
+candidate one product, one Cholesky factorisation and one triangular solve. The certificate reuses the
+last eigenbasis (`convex_dp_core.nuclear_norm_lower_bound`: one product and a Cholesky factorisation);
+the SVD of V D^{1/2} is computed only if that bound leaves a gap above tol.
 """
 
 from __future__ import annotations
@@ -20,15 +27,35 @@ from typing import Any
 import numpy as np
 import scipy.linalg as sla
 
-from dpopt.solvers.convex_dp_core import (
-    dual_bound_from_factor,
-    objective_from_factor,
-)
+from dpopt.solvers.convex_dp_core import dual_bound_from_factor, nuclear_norm_lower_bound
 from dpopt.solvers.diag_dual_newton import DualPoint, PrimalPoint, maximise_dual, pcg
-from dpopt.solvers.result import SolverResult
+from dpopt.solvers.result import SolverResult, relative_gap
 
 #: T = V D V^T counts as positive definite when its eigenvalues exceed this times its largest one.
 _PD_RTOL = 1e3 * np.finfo(float).eps
+#: Rows (of Z) or columns (of V^T) per block in streamed reductions: caps temporaries at _BLOCK x n.
+_BLOCK = 512
+#: Precision of the Hessian products inside CG (the Newton direction only; every iterate is evaluated in float64).
+CG_DTYPE = np.float32
+
+
+def _weighted_column_squares(Z: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """x_i = sum_a w_a Z_ai^2 (diag of Z^T diag(w) Z), streamed over row blocks (no k x n temporary)."""
+    x = np.zeros(Z.shape[1])
+    for a in range(0, Z.shape[0], _BLOCK):
+        Zb = Z[a : a + _BLOCK]
+        x += w[a : a + _BLOCK] @ (Zb * Zb)
+    return x
+
+
+def _objective_by_blocks(V: np.ndarray, X: np.ndarray) -> float:
+    """f(X) = ||L^{-1} V^T||_F^2 with X = L L^T (as `objective_from_factor`), solved _BLOCK columns at a time."""
+    L = sla.cholesky(X, lower=True, check_finite=False)
+    total = 0.0
+    for a in range(0, V.shape[0], _BLOCK):
+        Y = sla.solve_triangular(L, V[a : a + _BLOCK].T, lower=True, check_finite=False)
+        total += float(np.einsum("ij,ij->", Y, Y))
+    return total
 
 
 class ConvexDPDual:
@@ -36,17 +63,21 @@ class ConvexDPDual:
 
     def __init__(self, V: np.ndarray) -> None:
         self.V = V
+        self.n_eigh = 0  # symmetric eigen-decompositions of T = V D V^T so far
 
     def evaluate(self, d: np.ndarray) -> DualPoint | None:
         """phi, diag X(d) and (s, Z) from an eigen-decomposition of T = V D V^T; None if T is singular."""
         V = self.V
-        ev, U = sla.eigh((V * d) @ V.T, driver="evd", check_finite=False)
+        T = (V * d) @ V.T
+        ev, U = sla.eigh(T, driver="evd", overwrite_a=True, check_finite=False)
+        del T
+        self.n_eigh += 1
         if not np.isfinite(ev).all() or ev[0] <= _PD_RTOL * ev[-1]:
             return None
         s = np.sqrt(ev)
         Z = U.T @ V
-        x = np.einsum("an,an->n", Z, Z / s[:, None])
-        return DualPoint(d=d, phi=float(s.sum()), x=x, data=(s, Z))
+        del U
+        return DualPoint(d=d, phi=float(s.sum()), x=_weighted_column_squares(Z, 1.0 / s), data=(s, Z))
 
     def rescale(self, p: DualPoint, r: float) -> DualPoint:
         s, Z = p.data
@@ -56,16 +87,20 @@ class ConvexDPDual:
         self, p: DualPoint, free: np.ndarray, grad: np.ndarray, eta: float, max_cg: int, damping: float
     ) -> tuple[np.ndarray, int]:
         s, Z = p.data
-        kappa = 1.0 / (s[:, None] * s[None, :] * (s[:, None] + s[None, :]))
-        Zf = Z[:, free]
-        Q = Zf * Zf
+        top = float(s.max())
+        sh = (s / top).astype(CG_DTYPE)  # kappa = kappa_hat / top^3 keeps kappa_hat within float32 range
+        kappa = 1.0 / (sh[:, None] * sh[None, :] * (sh[:, None] + sh[None, :]))
+        Zf = (Z if free.all() else Z[:, free]).astype(CG_DTYPE, copy=CG_DTYPE != Z.dtype)
+        unit = 1.0 / top**3
 
         def hess_vec(w: np.ndarray) -> np.ndarray:
-            Y = (Zf * w) @ Zf.T
+            Y = (Zf * w.astype(CG_DTYPE)) @ Zf.T
             Y *= kappa
-            return np.einsum("an,an->n", Zf, Y @ Zf)
+            return unit * np.einsum("an,an->n", Zf, Y @ Zf).astype(float)
 
-        h_diag = np.einsum("an,an->n", Q, kappa @ Q)
+        Q = Zf * Zf
+        h_diag = unit * np.einsum("an,an->n", Q, kappa @ Q).astype(float)
+        del Q
         return pcg(hess_vec, h_diag, grad[free], eta, max_cg, damping)
 
     def primal(self, p: DualPoint) -> PrimalPoint:
@@ -79,22 +114,51 @@ class ConvexDPDual:
         """
         s, Z = p.data
         k, n = Z.shape
-        Y = Z / np.sqrt(s)[:, None]
         m = float(p.x.max())
-        A_uni = Y / np.sqrt(m)
         if k == n:
-            A, label = Y / np.sqrt(p.x)[None, :], "diagonal rescaling"
+            A = Z * (1.0 / np.sqrt(s))[:, None]
+            A *= 1.0 / np.sqrt(p.x)
+            X, label = A.T @ A, "diagonal rescaling"
         else:
-            A = np.vstack([A_uni, np.diag(np.sqrt(np.clip(1.0 - p.x / m, 0.0, None)))])
+            A = np.empty((k + n, n))
+            np.multiply(Z, (1.0 / np.sqrt(s * m))[:, None], out=A[:k])
+            X = A[:k].T @ A[:k]
+            complement = np.clip(1.0 - p.x / m, 0.0, None)
+            A[k:] = 0.0
+            A[k + np.arange(n), np.arange(n)] = np.sqrt(complement)
+            X[np.diag_indices(n)] += complement
             label = "range complement"
-        X = A.T @ A
         try:
-            fun = objective_from_factor(self.V, X)
+            fun = _objective_by_blocks(self.V, X)
         except np.linalg.LinAlgError:
             fun = np.inf
         if np.isfinite(fun) and fun <= m * p.phi * (1.0 + 1e-12):
             return PrimalPoint(X, fun, label, {"A": A})
+        del A, X
+        A_uni = Z * (1.0 / np.sqrt(s * m))[:, None]
         return PrimalPoint(A_uni.T @ A_uni, m * p.phi, "uniform scaling", {"A": A_uni})
+
+    def certified_phi(self, p: DualPoint) -> float | None:
+        """Lower bound on phi(d / max d) from p's eigenbasis (`nuclear_norm_lower_bound`), or None."""
+        return nuclear_norm_lower_bound(p.data[1], p.d / float(p.d.max()))
+
+
+def certified_dual_bound(problem: ConvexDPDual, p: DualPoint, fun: float, tol: float) -> tuple[float, dict]:
+    """Scaled dual bound phi(d)^2 / sum(d) at p (`convex_dp_core`) with phi bounded from below.
+
+    First from p's own eigenbasis (no further decomposition); when that leaves a relative gap above tol,
+    from the singular values of V D^{1/2} (`dual_bound_from_factor`), keeping the larger. Returns the bound
+    and how it was computed.
+    """
+    d_unit = p.d / float(p.d.max())
+    phi = problem.certified_phi(p)
+    dual = 0.0 if phi is None else phi * phi / float(d_unit.sum())
+    info = {"certificate": "eigenbasis row orthogonality", "svd": 0}
+    if relative_gap(fun, dual) > tol:
+        svd_dual = dual_bound_from_factor(problem.V, p.d)
+        info = {"certificate": "singular values" if svd_dual > dual else info["certificate"], "svd": 1}
+        dual = max(dual, svd_dual)
+    return max(dual, 0.0), info
 
 
 def solve_dual(
@@ -113,12 +177,15 @@ def solve_dual(
     """Seed 002 problem by dual projected Newton-CG (module docstring); SolverResult with x = X (n, n).
 
     V (k, n) range factor with V^T V = G (eigenvalues of G below the rank tolerance are zero in V and
-    the objective is taken with V^T V); d0 (n,) positive starting multipliers.
+    the objective is taken with V^T V); d0 (n,) positive starting multipliers. extra["decompositions"]
+    counts the O(n^3) factorisations of the ascent: eigen-decompositions of V D V^T and SVDs of V D^{1/2}.
     """
     t_wall, t_cpu = time.perf_counter(), time.process_time()
-    out = maximise_dual(ConvexDPDual(V), d0, tol=tol, max_iter=max_iter, forcing=forcing, max_cg=max_cg,
+    problem = ConvexDPDual(V)
+    out = maximise_dual(problem, d0, tol=tol, max_iter=max_iter, forcing=forcing, max_cg=max_cg,
                         active_tol=active_tol, damping=damping, callback=callback, time_limit=time_limit, t_start=t_wall)
-    dual = max(dual_bound_from_factor(V, out.d), 0.0)  # recomputed from singular values (accurate)
+    dual, info = certified_dual_bound(problem, out.dual_point, out.primal.fun, tol)
     extra = {"method": "dual", "d": out.d, "A": out.primal.extra["A"],
-             "primal_construction": out.primal.construction, "rank": V.shape[0]}
+             "primal_construction": out.primal.construction, "rank": V.shape[0],
+             "certificate": info["certificate"], "decompositions": {"eigh": problem.n_eigh, "svd": info["svd"]}}
     return out.result(out.primal.x, out.primal.fun, dual, tol, t_wall, t_cpu, extra)

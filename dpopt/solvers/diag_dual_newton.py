@@ -142,6 +142,7 @@ class AscentOutcome:
     nit: int
     ninner: int
     history: list[dict[str, float]]
+    dual_point: DualPoint | None = None  # the rescaled iterate whose phi is `dual` (for a final certificate)
 
     def result(self, x: Any, fun: float, dual: float, tol: float, t_wall: float, t_cpu: float,
                extra: dict[str, Any]) -> SolverResult:
@@ -173,8 +174,8 @@ def maximise_dual(
         point = problem.evaluate(np.ones_like(d0))
         if point is None:
             raise ValueError("the dual function is not differentiable at the start nor at d = 1")
-    best_dual, best_d = 0.0, point.d
-    best_primal, best_point, best_cand = np.inf, point, None
+    best_dual, best_dual_point = 0.0, point
+    best_primal, best_point, best_cand, best_point_cand = np.inf, point, None, None
     check_below = 10.0 * np.sqrt(tol)  # near the end, also build the problem's better primal points
     history: list[dict[str, float]] = []
     ninner, status, message, nit = 0, MAX_ITER, f"reached max_iter = {max_iter}", 0
@@ -182,11 +183,13 @@ def maximise_dual(
         point = problem.rescale(point, point.phi / float(point.d.sum()))
         phi, m = point.phi, float(point.x.max())
         if phi > best_dual:  # after rescaling, the dual bound phi^2 / sum(d) equals phi
-            best_dual, best_d = phi, point.d
+            best_dual, best_dual_point = phi, point
         if m * phi < best_primal:
-            best_primal, best_point = m * phi, point
+            best_primal, best_point, best_point_cand = m * phi, point, None
         if relative_gap(m * phi, best_dual) <= check_below:
             cand = problem.primal(point)
+            if point is best_point:
+                best_point_cand = cand
             if cand.fun < best_primal:
                 best_primal, best_cand = cand.fun, cand
         gap = relative_gap(best_primal, best_dual)
@@ -225,7 +228,18 @@ def maximise_dual(
             break
         history[-1]["alpha"] = alpha
         point = trial
-    primal = problem.primal(best_point)
+    return AscentOutcome(best_dual_point.d, best_dual, _final_primal(problem, best_point, best_point_cand, best_cand),
+                         status, message, nit, ninner, history, best_dual_point)
+
+
+def _final_primal(problem: DualProblem, best_point: DualPoint, built: PrimalPoint | None,
+                  best_cand: PrimalPoint | None) -> PrimalPoint:
+    """Best primal point of the ascent without rebuilding one already built: the best candidate, or the one
+    at the point with the least uniform-scaling value m * phi (`built` if it was made there)."""
+    rescaled_value = float(best_point.x.max()) * best_point.phi
+    if best_cand is not None and best_cand.fun <= rescaled_value:
+        return best_cand
+    primal = built if built is not None else problem.primal(best_point)
     if best_cand is not None and best_cand.fun < primal.fun:
         primal = best_cand
-    return AscentOutcome(best_d, best_dual, primal, status, message, nit, ninner, history)
+    return primal
