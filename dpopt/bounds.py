@@ -28,6 +28,7 @@ import numpy as np
 from scipy.special import gammaln
 
 from dpopt.linalg import psd_sqrt
+from dpopt.validation import check_gram
 from dpopt.workloads import Workload, _scaled, as_workload
 
 EPS = float(np.finfo(float).eps)
@@ -75,19 +76,9 @@ def singular_value_lower_bounds(W: np.ndarray) -> np.ndarray:
     return np.clip(s - err, 0.0, None)
 
 
-def _check_gram(G: np.ndarray) -> np.ndarray:
-    """G as a float array, refused unless square, non-empty and finite."""
-    G = np.asarray(G, dtype=float)
-    if G.ndim != 2 or G.shape[0] != G.shape[1] or G.shape[0] == 0:
-        raise ValueError(f"Gram matrix must be square and non-empty, got shape {G.shape}")
-    if not np.all(np.isfinite(G)):
-        raise ValueError("Gram matrix has NaN or infinite entries")
-    return G
-
-
 def svd_bound_from_gram(G: np.ndarray) -> float:
     """SVDB = (1/n)(sum_i sqrt(d_i))^2 over the eigenvalues d_i of W^T W (seed 004 Prop. 4.3), round-off only lowering it."""
-    G = _check_gram(G)
+    G = check_gram(G, name="Gram matrix", allow_zero=True)
     return svdb_from_singular_value_bounds(gram_singular_value_lower_bounds(G), G.shape[0], term_rel_err=EPS)
 
 
@@ -134,7 +125,7 @@ def l2_optimum_lower_bound(G: np.ndarray, d: np.ndarray) -> float:
     Computed as n SVDB(W D^{1/2}) / sum(d) from the eigenvalues of D^{1/2} G D^{1/2}, less their backward
     error and the scaling's rounding (5 n eps lambda_max), so round-off only lowers it; d = 1 gives SVDB(W).
     """
-    G = _check_gram(G)
+    G = check_gram(G, name="Gram matrix", allow_zero=True)
     d = np.asarray(d, dtype=float)
     n = G.shape[0]
     if d.shape != (n,) or not np.all(np.isfinite(d)) or np.any(d < 0) or not d.sum() > 0:

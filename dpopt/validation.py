@@ -46,3 +46,31 @@ def as_generator(seed: int | np.random.Generator | None) -> np.random.Generator:
     if seed is None or isinstance(seed, numbers.Integral):
         return np.random.default_rng(seed)
     raise ValueError(f"seed must be an int, a numpy Generator or None, got {type(seed).__name__}")
+
+
+def check_gram(G: np.ndarray, *, name: str = "G", sym_rtol: float = 1e-10, allow_zero: bool = False) -> np.ndarray:
+    """Validate a Gram matrix G = W^T W and return it as a symmetric float64 array, shape (n, n).
+
+    Raises ValueError for a non-array shape, non-square, empty, NaN/inf, non-symmetric (beyond
+    sym_rtol * max|G|), or all-zero input (unless allow_zero: a bound of the zero workload is 0).
+    """
+    try:
+        G = np.asarray(G, dtype=float)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{name} must be a real (n, n) array; could not convert it: {exc}") from None
+    if G.ndim != 2 or G.shape[0] != G.shape[1]:
+        raise ValueError(f"{name} must be a square (n, n) matrix W^T W; got shape {G.shape}")
+    if G.shape[0] == 0:
+        raise ValueError(f"{name} must be non-empty; got shape {G.shape}")
+    if not np.isfinite(G).all():
+        raise ValueError(f"{name} must contain only finite values (found NaN or inf)")
+    scale = float(np.max(np.abs(G)))
+    if scale == 0.0 and not allow_zero:
+        raise ValueError(f"{name} is the zero matrix; the workload must have at least one nonzero query")
+    asym = float(np.max(np.abs(G - G.T)))
+    if asym > sym_rtol * scale:
+        raise ValueError(
+            f"{name} must be symmetric (W^T W); max |G - G^T| = {asym:.3e} exceeds "
+            f"{sym_rtol:g} * max|G| = {sym_rtol * scale:.3e}"
+        )
+    return (G + G.T) / 2.0

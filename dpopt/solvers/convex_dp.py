@@ -37,7 +37,6 @@ import numpy as np
 
 from dpopt.solvers.convex_dp_core import (
     RANK_TOL,
-    check_gram,
     check_multipliers,
     dual_bound_from_factor,
     objective_from_factor,
@@ -49,6 +48,7 @@ from dpopt.solvers.convex_dp_core import (
 from dpopt.solvers.convex_dp_dual import solve_dual
 from dpopt.solvers.convex_dp_primal import solve_primal, svdb_start
 from dpopt.solvers.result import SolverResult
+from dpopt.validation import check_gram
 
 __all__ = ["solve_convex_dp", "convex_dp_dual_bound", "convex_dp_objective", "svdb_start", "svdb_multipliers"]
 

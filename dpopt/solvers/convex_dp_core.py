@@ -41,34 +41,6 @@ from dpopt.solvers.result import CONVERGED, STALLED, SolverResult
 RANK_TOL = 1e-12
 
 
-def check_gram(G: np.ndarray, *, name: str = "G", sym_rtol: float = 1e-10) -> np.ndarray:
-    """Validate a Gram matrix G = W^T W and return it as a symmetric float64 array, shape (n, n).
-
-    Raises ValueError for a non-array shape, non-square, empty, NaN/inf, non-symmetric (beyond
-    sym_rtol * max|G|), or all-zero input.
-    """
-    try:
-        G = np.asarray(G, dtype=float)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{name} must be a real (n, n) array; could not convert it: {exc}") from None
-    if G.ndim != 2 or G.shape[0] != G.shape[1]:
-        raise ValueError(f"{name} must be a square (n, n) matrix W^T W; got shape {G.shape}")
-    if G.shape[0] == 0:
-        raise ValueError(f"{name} must be non-empty; got shape {G.shape}")
-    if not np.isfinite(G).all():
-        raise ValueError(f"{name} must contain only finite values (found NaN or inf)")
-    scale = float(np.max(np.abs(G)))
-    if scale == 0.0:
-        raise ValueError(f"{name} is the zero matrix; the workload must have at least one nonzero query")
-    asym = float(np.max(np.abs(G - G.T)))
-    if asym > sym_rtol * scale:
-        raise ValueError(
-            f"{name} must be symmetric (W^T W); max |G - G^T| = {asym:.3e} exceeds "
-            f"{sym_rtol:g} * max|G| = {sym_rtol * scale:.3e}"
-        )
-    return (G + G.T) / 2.0
-
-
 def range_factor(
     G: np.ndarray, *, rank_tol: float = RANK_TOL, psd_rtol: float = 1e-8, full: bool = True
 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:

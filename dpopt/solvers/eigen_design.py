@@ -58,7 +58,6 @@ import scipy.linalg as sla
 
 from dpopt.solvers.convex_dp_core import (
     RANK_TOL,
-    check_gram,
     objective_from_factor,
     undo_unit_scale,
     unit_scale,
@@ -66,6 +65,7 @@ from dpopt.solvers.convex_dp_core import (
 )
 from dpopt.solvers.diag_dual_newton import DualPoint, PrimalPoint, maximise_dual, pcg
 from dpopt.solvers.result import SolverResult
+from dpopt.validation import check_gram
 
 #: Entry-wise tolerance on rows of P o P for two cells to count as the same constraint (`merge_equal_cells`).
 MERGE_ATOL = 1e-13
