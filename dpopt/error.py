@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -53,11 +53,6 @@ class ErrorReport:
             self.per_query_values = np.asarray(self.per_query_fn(), dtype=float)
             self.per_query_fn = None
         return self.per_query_values
-
-    def as_dict(self) -> dict[str, object]:
-        """Scalar fields only (per-query variances dropped), for tables and JSON."""
-        skip = {"per_query_values", "per_query_fn"}
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
 
 
 def _row_sq_norms(B: np.ndarray | sp.spmatrix) -> np.ndarray:

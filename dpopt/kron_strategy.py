@@ -100,12 +100,6 @@ class KronStrategy(FactoredStrategy):
         """prod_i max column L2 norm of A_i (exact for a Kronecker product)."""
         return math.prod(self._col_norm_max(M, 2) for M in self.factors)
 
-    def sensitivity(self, norm: int) -> float:
-        """sens1 (norm=1) or sens2 (norm=2)."""
-        if norm not in (1, 2):
-            raise ValueError(f"norm must be 1 or 2, got {norm}")
-        return self.sens1 if norm == 1 else self.sens2
-
     # -- factor Grams ----------------------------------------------------------------------------
     @cached_property
     def factor_grams(self) -> list[np.ndarray]:
@@ -198,10 +192,6 @@ class KronStrategy(FactoredStrategy):
         if total == 0.0:
             raise StrategyError(f"workload {w.name} is all zeros")
         return float(math.sqrt(max(res / total, 0.0)))
-
-    def supports(self, workload: Workload, rtol: float = SUPPORT_RTOL) -> bool:
-        """True when W A^+ A = W within relative Frobenius tolerance rtol."""
-        return self.unsupported_fraction(workload) <= rtol
 
     # -- answering -------------------------------------------------------------------------------
     def measured(self, data: np.ndarray | Records) -> np.ndarray:

@@ -28,7 +28,6 @@ import numpy as np
 import scipy.sparse as sp
 
 from dpopt.data import Records, marginal_tables
-from dpopt.kron_strategy import SUPPORT_RTOL
 from dpopt.linalg import attrs_of, cells_of, residual_rank, submasks
 from dpopt.privacy import Perturb, Privacy, research_perturb
 from dpopt.strategy import FactoredStrategy, Strategy, StrategyError
@@ -125,12 +124,6 @@ class MarginalStrategy(FactoredStrategy):
             raise ValueError("residual-basis strategies are calibrated for Gaussian noise (L2 sensitivity)")
         return float(np.sum(self.params))
 
-    def sensitivity(self, norm: int) -> float:
-        """sens1 (norm=1) or sens2 (norm=2)."""
-        if norm not in (1, 2):
-            raise ValueError(f"norm must be 1 or 2, got {norm}")
-        return self.sens1 if norm == 1 else self.sens2
-
     @property
     def shape(self) -> tuple[int, int]:
         """(r, n): measured rows and cells."""
@@ -188,10 +181,6 @@ class MarginalStrategy(FactoredStrategy):
             )
             out.append(tot / cells_of(self.domain_sizes, S) ** 2)
         return np.array(out)
-
-    def supports(self, workload: Marginals, rtol: float = SUPPORT_RTOL) -> bool:
-        """True when every residual space the workload needs is measured."""
-        return self.unsupported_fraction(workload) <= rtol
 
     # -- measuring and reconstructing ------------------------------------------------------------------
     def measure(self, tables: TableFn, privacy: Privacy, rng: np.random.Generator | None = None, *,

@@ -304,10 +304,3 @@ class FactoredStrategy(Strategy):
         """Refused: a factored strategy's A is not formed (`to_dense` gives it on small domains)."""
         r, n = self.shape
         raise StrategyError(f"strategy {self.name} ({r} x {n}) is held through its factors; its dense A is not formed")
-
-    def check_supports(self, workload: Workload | np.ndarray, rtol: float = 1e-8) -> None:
-        """Raise StrategyError unless the strategy supports the workload (through the factors)."""
-        frac = self.unsupported_fraction(workload)  # type: ignore[arg-type]
-        if frac > rtol:
-            raise StrategyError(f"strategy {self.name} does not support workload {as_workload(workload).name}: "
-                                f"relative residual {frac:.3g} exceeds {rtol:g}")

@@ -22,7 +22,7 @@ from typing import ClassVar
 import numpy as np
 import scipy.sparse as sp
 
-from dpopt.linalg import attrs_of, down_closure, eigen_weights, kron_matvec, mask_of, residual_rank
+from dpopt.linalg import down_closure, eigen_weights, kron_matvec, mask_of, residual_rank
 from dpopt.validation import as_generator, check_finite_matrix, check_positive_int
 
 # Dense matrices larger than this many entries are refused (8 bytes each: 2 GB).
@@ -839,15 +839,6 @@ class Marginals(Stack):
             axes = tuple(i for i in range(d) if not s >> i & 1)
             out.append(w * (T.sum(axis=axes) if axes else T).ravel())
         return np.concatenate(out)
-
-    def subset_names(self, subset: Sequence[int]) -> str:
-        """Human label of a subset: attribute names joined by 'x' (or indices)."""
-        names = self.attribute_names
-        return "x".join(names[i] if names else str(i) for i in subset) or "total"
-
-    def masks_attrs(self) -> list[tuple[int, ...]]:
-        """Attribute tuples of the down-closure, in `closure` order."""
-        return [attrs_of(a) for a in self.closure]
 
 
 def all_range_nd(sizes: Sequence[int]) -> Kron:

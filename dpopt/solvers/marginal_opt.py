@@ -39,7 +39,7 @@ def residual_planner(workload: Marginals) -> tuple[MarginalStrategy, float]:
     s = float(np.dot(r[live], np.sqrt(c[live])))
     # x_A / N = sqrt(c_A / N) / s with s = sum_B r_B sqrt(c_B / N); then sum_A r_A x_A / N = 1.
     x = np.sqrt(c[live]) / s
-    subsets = [a for a, keep in zip(workload.masks_attrs(), live, strict=True) if keep]
+    subsets = [a for a, keep in zip(map(attrs_of, workload.closure), live, strict=True) if keep]
     strat = MarginalStrategy(workload.domain_sizes, "residual", subsets, x, name="residual-planner")
     return strat, s * s
 
