@@ -34,6 +34,9 @@ from dpopt.strategy import FactoredStrategy, Strategy, StrategyError
 from dpopt.workloads import MAX_DENSE_ENTRIES, Marginals
 
 KINDS = ("residual", "marginals")
+#: A measured marginal over more attributes than this is not expanded into its 2^|T| subsets (the full table of
+#: 40 attributes would need 2^40): its eigenvalue share is summed per subset asked for instead.
+EXPAND_MAX_ATTRS = 20
 TableFn = Callable[[tuple[int, ...]], np.ndarray]
 
 
@@ -94,21 +97,31 @@ class MarginalStrategy(FactoredStrategy):
     # -- spectrum and sensitivity ------------------------------------------------------------------
     @cached_property
     def _x(self) -> dict[int, float]:
-        """x_A / N for every A with x_A > 0."""
+        """x_A / N for every A with x_A > 0, except the share of measured marginals over more than
+        EXPAND_MAX_ATTRS attributes (`_wide`), whose 2^|T| subsets are never enumerated."""
         out: dict[int, float] = {}
         if self.kind == "residual":
             for A, v in zip(self.masks, self.params, strict=True):
                 out[A] = out.get(A, 0.0) + float(v)
             return out
         for T, th in zip(self.masks, self.params, strict=True):
-            val = float(th) ** 2 / cells_of(self.domain_sizes, T)
-            for A in submasks(T):
-                out[A] = out.get(A, 0.0) + val
+            if T.bit_count() <= EXPAND_MAX_ATTRS:
+                val = float(th) ** 2 / cells_of(self.domain_sizes, T)
+                for A in submasks(T):
+                    out[A] = out.get(A, 0.0) + val
         return out
 
+    @cached_property
+    def _wide(self) -> list[tuple[int, float]]:
+        """(T, theta_T^2 / N_T) for the measured marginals over more than EXPAND_MAX_ATTRS attributes."""
+        if self.kind == "residual":
+            return []
+        return [(T, float(th) ** 2 / cells_of(self.domain_sizes, T))
+                for T, th in zip(self.masks, self.params, strict=True) if T.bit_count() > EXPAND_MAX_ATTRS]
+
     def eigenvalue(self, mask: int) -> float:
-        """x_A / N: eigenvalue of the strategy Gram on Q_A over the number of cells (0 if A is unmeasured)."""
-        return self._x.get(mask, 0.0)
+        """x_A / N = sum over measured T containing A of theta_T^2 / N_T (0 if A is unmeasured)."""
+        return self._x.get(mask, 0.0) + sum(v for T, v in self._wide if mask & T == mask)
 
     @cached_property
     def sens2(self) -> float:
@@ -135,8 +148,14 @@ class MarginalStrategy(FactoredStrategy):
 
     @property
     def rank(self) -> int:
-        """rank(A) = sum of r_A over the measured residual spaces."""
-        return sum(residual_rank(self.domain_sizes, A) for A, v in self._x.items() if v > 0)
+        """rank(A) = sum of r_A over the measured residual spaces; with a measured marginal T too wide to
+        expand, N_T when T contains every other measured marginal (exact), else min(sum of N_T, N), an upper bound."""
+        if not self._wide:
+            return sum(residual_rank(self.domain_sizes, A) for A, v in self._x.items() if v > 0)
+        top = max(self._wide, key=lambda t: t[0].bit_count())[0]
+        if all(T & top == T for T in self.masks):
+            return cells_of(self.domain_sizes, top)
+        return min(sum(cells_of(self.domain_sizes, T) for T in self.masks), math.prod(self.domain_sizes))
 
     # -- error -----------------------------------------------------------------------------------
     def _check(self, workload: Marginals) -> None:

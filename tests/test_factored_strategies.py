@@ -173,3 +173,26 @@ def test_union_kron_strategy_sensitivity_and_error_match_dense():
     ans = S.answer(x, priv, rng, U)
     # each answer's error is Gaussian with variance <= the total expected error E: within 6 sqrt(E)
     np.testing.assert_allclose(ans, U.matvec(x), rtol=0, atol=6 * math.sqrt(S.expected_error(U, priv).total))
+
+
+def test_wide_measured_marginals_are_never_expanded(monkeypatch):
+    """A measured marginal over many attributes (the full table) is summed per subset, not expanded into 2^|T|."""
+    import dpopt.marginal_strategy as ms
+
+    sizes = [2, 3, 2, 4]
+    W = Marginals(sizes, k=2)
+    subsets = [(0, 1, 2, 3), (0, 1), (2, 3), (1,)]
+    theta = [1.0, 0.5, 2.0, 0.25]
+    expanded = ms.MarginalStrategy(sizes, "marginals", subsets, theta)
+    expected = (expanded.unit_error(W), expanded.rank, [expanded.eigenvalue(A) for A in W.closure])
+    monkeypatch.setattr(ms, "EXPAND_MAX_ATTRS", 1)  # every measured marginal but (1,) is now "wide"
+    wide = ms.MarginalStrategy(sizes, "marginals", subsets, theta)
+    assert wide._wide and set(wide._x) == {0, 2}
+    # the same sums in another order: a few ulps
+    assert wide.unit_error(W) == pytest.approx(expected[0], rel=1e-13)
+    np.testing.assert_allclose([wide.eigenvalue(A) for A in W.closure], expected[2], rtol=1e-13)
+    assert wide.rank == expected[1] == 48  # the full table contains every other measured marginal
+    monkeypatch.undo()
+    # 40 attributes of 10 values: 2^40 subsets of the full table would not fit in memory
+    full = ms.MarginalStrategy([10] * 40, "marginals", [tuple(range(40))], [1.0], name="identity")
+    assert full.rank == 10**40 and full.eigenvalue(0b101) == pytest.approx(1e-40, rel=1e-15)
