@@ -19,9 +19,9 @@ import numpy as np
 import scipy.sparse as sp
 
 from dpopt.data import Records, data_vector
-from dpopt.linalg import kron_matvec
+from dpopt.linalg import column_norm_powers, kron_matvec
 from dpopt.privacy import Perturb, Privacy, research_perturb
-from dpopt.strategy import RANK_RTOL, FactoredStrategy, Strategy, StrategyError
+from dpopt.strategy import FactoredStrategy, Strategy, StrategyError
 from dpopt.workloads import MAX_DENSE_ENTRIES, Kron, Workload, kron_form
 
 # Relative tolerance for "the strategy supports the workload" (relative Frobenius residual).
@@ -84,50 +84,36 @@ class KronStrategy(FactoredStrategy):
         return math.prod(int(np.count_nonzero(lam)) for lam, _ in self._factor_eigs)
 
     # -- sensitivity -----------------------------------------------------------------------------
-    def _col_norm_max(self, M: np.ndarray | sp.csr_matrix, norm: int) -> float:
-        if norm == 1:
-            return float(np.asarray(abs(M).sum(axis=0)).max())
-        sq = M.multiply(M).sum(axis=0) if sp.issparse(M) else (M * M).sum(axis=0)
-        return float(np.sqrt(np.asarray(sq).max()))
-
     @cached_property
     def sens1(self) -> float:
         """prod_i max column L1 norm of A_i (exact for a Kronecker product)."""
-        return math.prod(self._col_norm_max(M, 1) for M in self.factors)
+        return math.prod(float(column_norm_powers(M, 1).max()) for M in self.factors)
 
     @cached_property
     def sens2(self) -> float:
         """prod_i max column L2 norm of A_i (exact for a Kronecker product)."""
-        return math.prod(self._col_norm_max(M, 2) for M in self.factors)
+        return math.sqrt(math.prod(float(column_norm_powers(M, 2).max()) for M in self.factors))
 
     # -- factor Grams ----------------------------------------------------------------------------
     @cached_property
+    def _parts(self) -> list[Strategy]:
+        """Each factor A_i as a dense Strategy: its Gram X_i, eigen-decomposition and pseudo-inverse."""
+        return [Strategy(M, name=f"{self.name}[{i}]") for i, M in enumerate(self.factors)]
+
+    @property
     def factor_grams(self) -> list[np.ndarray]:
         """X_i = A_i^T A_i (n_i x n_i)."""
-        out = []
-        for M in self.factors:
-            X = M.T @ M
-            out.append(np.asarray(X.todense() if sp.issparse(X) else X, dtype=float))
-        return out
+        return [np.asarray(s.gram, dtype=float) for s in self._parts]
 
-    @cached_property
+    @property
     def _factor_eigs(self) -> list[tuple[np.ndarray, np.ndarray]]:
         """Eigenvalues (cut to 0 below RANK_RTOL * max) and eigenvectors of every X_i."""
-        out = []
-        for X in self.factor_grams:
-            lam, V = np.linalg.eigh((X + X.T) / 2)
-            lam = np.where(lam > RANK_RTOL * max(float(lam.max()), np.finfo(float).tiny), lam, 0.0)
-            out.append((lam, V))
-        return out
+        return [s._gram_eig for s in self._parts]
 
     @cached_property
     def factor_pinvs(self) -> list[np.ndarray]:
         """X_i^+ (n_i x n_i)."""
-        out = []
-        for lam, V in self._factor_eigs:
-            inv = np.divide(1.0, lam, out=np.zeros_like(lam), where=lam > 0)
-            out.append((V * inv) @ V.T)
-        return out
+        return [s.gram_pinv() for s in self._parts]
 
     @cached_property
     def factor_null_bases(self) -> list[np.ndarray]:

@@ -62,6 +62,13 @@ def kron_matvec(factors: Sequence[Matrix], v: np.ndarray) -> np.ndarray:
     return out[:, 0] if v.ndim == 1 else out
 
 
+def column_norm_powers(M: Matrix, norm: int) -> np.ndarray:
+    """sum_i |M_ij|^norm for every column j of a dense or sparse M: L1 norms (norm 1), squared L2 norms (norm 2)."""
+    if norm == 1:
+        return np.asarray(abs(M).sum(axis=0), dtype=float).ravel()
+    return np.asarray(M.multiply(M).sum(axis=0) if sp.issparse(M) else np.einsum("ij,ij->j", M, M), dtype=float).ravel()
+
+
 def kron_column_norms(col_norms: Sequence[np.ndarray]) -> np.ndarray:
     """Column norms of a Kronecker product from the factors' column norms: their Kronecker product (n,)."""
     out = np.ones(1)

@@ -15,6 +15,7 @@ import numpy as np
 import scipy.linalg as sla
 import scipy.sparse as sp
 
+from dpopt.linalg import column_norm_powers
 from dpopt.validation import check_finite_matrix
 from dpopt.workloads import Workload, as_workload
 
@@ -86,15 +87,12 @@ class Strategy:
         return (int(self.A.shape[0]), int(self.A.shape[1]))
 
     def _column_sq_norms(self) -> np.ndarray:
-        if sp.issparse(self.A):
-            return np.asarray(self.A.multiply(self.A).sum(axis=0)).ravel()
-        return np.einsum("ij,ij->j", self.A, self.A)
+        return column_norm_powers(self.A, 2)
 
     @cached_property
     def sens1(self) -> float:
         """L1 sensitivity: the largest column L1 norm of A (eps-DP, Laplace noise)."""
-        col = abs(self.A).sum(axis=0)
-        return float(np.asarray(col).max())
+        return float(column_norm_powers(self.A, 1).max())
 
     @cached_property
     def sens2(self) -> float:

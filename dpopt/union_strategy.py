@@ -26,7 +26,7 @@ import numpy as np
 
 from dpopt.data import Records, data_vector
 from dpopt.kron_strategy import KronStrategy
-from dpopt.linalg import kron_column_norms, kron_matvec
+from dpopt.linalg import column_norm_powers, kron_column_norms, kron_matvec
 from dpopt.privacy import Perturb, Privacy, research_perturb
 from dpopt.strategy import FactoredStrategy, StrategyError
 from dpopt.workloads import Stack
@@ -75,15 +75,6 @@ class UnionKronStrategy(FactoredStrategy):
         """True when `sensitivity` scans every cell (n <= EXACT_SENS_CELLS)."""
         return math.prod(self.domain_sizes) <= EXACT_SENS_CELLS
 
-    def _col_norms(self, part: KronStrategy, norm: int) -> list[np.ndarray]:
-        out = []
-        for M in part.factors:
-            if norm == 1:
-                out.append(np.asarray(abs(M).sum(axis=0)).ravel())
-            else:
-                out.append(np.asarray(M.multiply(M).sum(axis=0) if hasattr(M, "multiply") else (M * M).sum(axis=0)).ravel())
-        return out
-
     def sensitivity(self, norm: int) -> float:
         """Exact stacked sensitivity on domains up to EXACT_SENS_CELLS, else the triangle-inequality bound."""
         if norm not in (1, 2):
@@ -96,7 +87,7 @@ class UnionKronStrategy(FactoredStrategy):
         # sum_k s_k (x)_i c_i^(k), scanned by blocks of the first factor to bound memory.
         first = self.domain_sizes[0]
         best = 0.0
-        norms = [self._col_norms(p, norm) for p in self.parts]
+        norms = [[column_norm_powers(M, norm) for M in p.factors] for p in self.parts]
         for lo in range(first):
             acc = 0.0
             for s, cs in zip(scale, norms, strict=True):
