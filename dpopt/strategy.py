@@ -21,7 +21,7 @@ from dpopt.workloads import Workload, as_workload
 
 if TYPE_CHECKING:
     from dpopt.error import ErrorReport
-    from dpopt.privacy import Perturb, Privacy
+    from dpopt.privacy import Privacy
 
 # Relative tolerance below which an eigenvalue of A^T A counts as zero (rank decisions).
 RANK_RTOL = 1e-10
@@ -35,7 +35,8 @@ class Strategy:
     """Measured queries A (r x n) and optionally a reconstruction B (m x r): the one strategy type.
 
     This class holds A dense or sparse. The structured forms are its subclasses and share its interface
-    (shape, sensitivity, rank, supports / check_supports, expected_error, query_unit_variances, answer):
+    (shape, sensitivity, rank, supports / check_supports, expected_error, query_unit_variances; each adds an
+    `answer` through its factors, where a dense strategy answers by `dpopt.error.answers_through`):
     `dpopt.kron_strategy.KronStrategy` (A = A_1 (x) ... (x) A_d), `dpopt.union_strategy.UnionKronStrategy`
     (a weighted stack of them) and `dpopt.marginal_strategy.MarginalStrategy` (the marginal algebra). Those
     set `factored` and never form A; asking one for its dense A raises StrategyError.
@@ -268,19 +269,6 @@ class Strategy:
         from dpopt.error import _row_sq_norms
 
         return _row_sq_norms(self.reconstruct(workload))
-
-    def answer(self, x: np.ndarray, privacy: Privacy, rng: np.random.Generator | None = None,
-               workload: Workload | None = None, *, perturb: Perturb | None = None) -> np.ndarray:
-        """B (A x + z) for the workload's queries, z from `perturb` (default: research noise from rng)."""
-        from dpopt.error import answers_through
-        from dpopt.privacy import research_perturb
-
-        if workload is None:
-            raise StrategyError(f"strategy {self.name}: answer needs the workload whose queries it answers")
-        if perturb is None:
-            perturb = research_perturb(privacy, rng)  # type: ignore[arg-type]
-        return answers_through(self, self.reconstruct(workload), np.asarray(x, dtype=float), perturb,
-                               self.sensitivity(privacy.norm))
 
     def __repr__(self) -> str:
         r, n = self.shape

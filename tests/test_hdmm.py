@@ -58,7 +58,8 @@ def test_factor_solver_is_certified(w):
     # only lower; 2-7% above it here
     assert res.dual_bound >= svd_bound(w) * (1 - 1e-12)
     X = A.T @ A
-    # the factor's columns have unit norm (sens2 = 1) up to the rounding of their scaling: a few ulps
+    # the factor's columns are scaled to unit norm (sens2 = 1); their squared norms, sums of n <= 32 squares,
+    # carry at most n eps ~ 7e-15 relative rounding
     assert np.max(np.diag(X)) == pytest.approx(1.0, rel=1e-13)
     # trace(G X^+) by numpy's pseudo-inverse: first-order round-off n eps ||G|| sum_i 1 / lambda_i(X) over
     # the eigenvalues pinv keeps, relative to fun (~1e-11 for AllRange/Prefix; WidthK's optimal X has

@@ -163,15 +163,23 @@ def nuclear_norm_lower_bound(Z: np.ndarray, d: np.ndarray) -> float | None:
     return None
 
 
+#: Rows of V per triangular solve in `objective_from_factor` (caps its temporary at this many x n).
+OBJECTIVE_BLOCK = 512
+
+
 def objective_from_factor(V: np.ndarray, X: np.ndarray) -> float:
     """f(X) = trace(G X^{-1}) = ||L^{-1} V^T||_F^2 with X = L L^T (Cholesky; no explicit inverse).
 
-    V (k, n) with V^T V = G; X (n, n) positive definite. Raises numpy/scipy LinAlgError if X is not
-    numerically positive definite.
+    V (k, n) with V^T V = G; X (n, n) positive definite. The triangular solves take OBJECTIVE_BLOCK rows
+    of V at a time, so the temporary is at most OBJECTIVE_BLOCK x n. Raises numpy/scipy LinAlgError if X
+    is not numerically positive definite.
     """
     L = sla.cholesky(X, lower=True, check_finite=False)
-    Y = sla.solve_triangular(L, V.T, lower=True, check_finite=False)
-    return float(np.einsum("ij,ij->", Y, Y))
+    total = 0.0
+    for a in range(0, V.shape[0], OBJECTIVE_BLOCK):
+        Y = sla.solve_triangular(L, V[a : a + OBJECTIVE_BLOCK].T, lower=True, check_finite=False)
+        total += float(np.einsum("ij,ij->", Y, Y))
+    return total
 
 
 def certified_status(status: str, message: str, gap: float, tol: float) -> tuple[str, str]:

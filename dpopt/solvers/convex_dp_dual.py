@@ -27,7 +27,11 @@ from typing import Any
 import numpy as np
 import scipy.linalg as sla
 
-from dpopt.solvers.convex_dp_core import dual_bound_from_factor, nuclear_norm_lower_bound
+from dpopt.solvers.convex_dp_core import (
+    dual_bound_from_factor,
+    nuclear_norm_lower_bound,
+    objective_from_factor,
+)
 from dpopt.solvers.diag_dual_newton import DualPoint, PrimalPoint, maximise_dual, pcg
 from dpopt.solvers.result import SolverResult, relative_gap
 
@@ -46,16 +50,6 @@ def _weighted_column_squares(Z: np.ndarray, w: np.ndarray) -> np.ndarray:
         Zb = Z[a : a + _BLOCK]
         x += w[a : a + _BLOCK] @ (Zb * Zb)
     return x
-
-
-def _objective_by_blocks(V: np.ndarray, X: np.ndarray) -> float:
-    """f(X) = ||L^{-1} V^T||_F^2 with X = L L^T (as `objective_from_factor`), solved _BLOCK columns at a time."""
-    L = sla.cholesky(X, lower=True, check_finite=False)
-    total = 0.0
-    for a in range(0, V.shape[0], _BLOCK):
-        Y = sla.solve_triangular(L, V[a : a + _BLOCK].T, lower=True, check_finite=False)
-        total += float(np.einsum("ij,ij->", Y, Y))
-    return total
 
 
 class ConvexDPDual:
@@ -129,7 +123,7 @@ class ConvexDPDual:
             X[np.diag_indices(n)] += complement
             label = "range complement"
         try:
-            fun = _objective_by_blocks(self.V, X)
+            fun = objective_from_factor(self.V, X)
         except np.linalg.LinAlgError:
             fun = np.inf
         if np.isfinite(fun) and fun <= m * p.phi * (1.0 + 1e-12):
