@@ -41,7 +41,10 @@ _PD_RTOL = 1e3 * np.finfo(float).eps
 _BLOCK = 512
 #: Precision of the Hessian products inside CG (the Newton direction only; every iterate is evaluated in float64).
 CG_DTYPE = np.float32
-
+#: Hessian products run in CG_DTYPE only when max(kappa) ||Z||_F^4 stays below this. With max|w| = 1,
+#: every entry of Z diag(w) Z^T is at most ||Z||_F^2 (Cauchy-Schwarz), of its product with kappa at most
+#: max(kappa) ||Z||_F^2, and of the result at most max(kappa) ||Z||_F^4; float32 ends at 3.4e38.
+_FLOAT32_SAFE = 1e36
 
 def _weighted_column_squares(Z: np.ndarray, w: np.ndarray) -> np.ndarray:
     """x_i = sum_a w_a Z_ai^2 (diag of Z^T diag(w) Z), streamed over row blocks (no k x n temporary)."""
@@ -82,19 +85,26 @@ class ConvexDPDual:
     ) -> tuple[np.ndarray, int]:
         s, Z = p.data
         top = float(s.max())
-        sh = (s / top).astype(CG_DTYPE)  # kappa = kappa_hat / top^3 keeps kappa_hat within float32 range
+        sh = s / top  # kappa = kappa_hat / top^3 keeps kappa_hat within float32 range
         kappa = 1.0 / (sh[:, None] * sh[None, :] * (sh[:, None] + sh[None, :]))
-        Zf = (Z if free.all() else Z[:, free]).astype(CG_DTYPE, copy=CG_DTYPE != Z.dtype)
+        Zf = Z if free.all() else Z[:, free]
         unit = 1.0 / top**3
+        Q = Zf * Zf
+        h_diag = unit * np.einsum("an,an->n", Q, kappa @ Q)
+        del Q
+        # Float32 products (they only shape the direction) unless they could overflow (_FLOAT32_SAFE).
+        if np.isfinite(h_diag).all() and float(kappa.max()) * float(np.einsum("an,an->", Zf, Zf)) ** 2 < _FLOAT32_SAFE:
+            kappa, Zf = kappa.astype(CG_DTYPE), Zf.astype(CG_DTYPE)
 
         def hess_vec(w: np.ndarray) -> np.ndarray:
-            Y = (Zf * w.astype(CG_DTYPE)) @ Zf.T
+            # w / max|w|: a CG direction scaled by a tiny Jacobi diagonal can exceed float32's range.
+            scale = float(np.abs(w).max())
+            if not scale > 0.0:
+                return np.zeros_like(w)
+            Y = (Zf * (w / scale).astype(Zf.dtype)) @ Zf.T
             Y *= kappa
-            return unit * np.einsum("an,an->n", Zf, Y @ Zf).astype(float)
+            return (unit * scale) * np.einsum("an,an->n", Zf, Y @ Zf).astype(float)
 
-        Q = Zf * Zf
-        h_diag = unit * np.einsum("an,an->n", Q, kappa @ Q).astype(float)
-        del Q
         return pcg(hess_vec, h_diag, grad[free], eta, max_cg, damping)
 
     def primal(self, p: DualPoint) -> PrimalPoint:

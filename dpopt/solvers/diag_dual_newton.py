@@ -94,7 +94,8 @@ def pcg(
 
     Falls back to b / diag(H) if CG makes no progress.
     """
-    h_diag = np.maximum(h_diag, np.finfo(float).tiny)
+    # Relative floor: a coordinate with no curvature (a cell outside range(G)) must not make r / h_diag overflow.
+    h_diag = np.maximum(h_diag, max(np.finfo(float).eps * float(h_diag.max()), np.finfo(float).tiny))
     if damping > 0.0:
         plain = hess_vec
         shift = damping * h_diag
