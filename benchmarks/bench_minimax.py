@@ -1,20 +1,21 @@
 """Certified minimax per-query variance (`dpopt.solvers.minimax`) against the sum optimum and the conic model.
 
-Part 1: `solve_minimax` (unit targets, certified relative gap --tol) on AllRange, Prefix and Width32
-(WidthK(n, 32), rank n - 31) at n = 64 and 256, and at 1024 when the n = 256 run of that workload
-converged fast enough that 64 times its wall time (the O(n^3) inner solves) stays under 3 minutes.
-Each run gets a wall-clock budget (--budget seconds); a run that reaches it stops with status
-time_limit and reports the certified gap it reached. Wall and CPU seconds are medians of 3 runs (1 run
+Part 1: `solve_minimax` (unit targets) on AllRange, Prefix, Width32 (WidthK(n, 32), rank n - 31), a
+random WRange(n / 4, n) (seed 0) and all 2-way marginals of a 4-attribute domain with n cells
+(`marginal_domain`), at certified relative gap --tol for n <= 256 and --tol-large above. Each run gets
+a wall-clock budget (--budget seconds, --budget-large above n = 256); a run that reaches it stops with
+status time_limit and reports the certified gap it reached. Wall and CPU seconds are medians of 3 runs (1 run
 when the budget ran out: repeating it would only repeat the budget). Beside it, the sum-optimal
 strategy (`solve_convex_dp`, gap 1e-10) and what each pays under unit noise (P = 1): the largest
 per-query standard deviation sqrt(max_i Var_i) and the total squared error sum_i Var_i.
 
 Part 2: the conic minimax model (`formulations.minimax`, SCS at eps --scs-tol, limit --scs-limit s) on
-Prefix and AllRange at n = 64 and 128, with its CPU seconds over `solve_minimax`'s on the same row.
+the --scs rows (Prefix up to n = 512; AllRange(128) alone has 8,256 query rows and CVXPY's compile
+took over 4 minutes), with its CPU seconds over `solve_minimax`'s on the same row (same gap target).
 
 BLAS is limited to one thread (threadpoolctl).
 
-    .venv/bin/python -m benchmarks.bench_minimax [--budget 60] [--tol 1e-6]
+    .venv/bin/python -m benchmarks.bench_minimax [--budget 60] [--tol 1e-6] [--tol-large 1e-4]
 
 writes benchmarks/results/minimax.csv and benchmarks/results/minimax.md.
 """
@@ -32,12 +33,28 @@ from threadpoolctl import threadpool_limits
 
 from dpopt.solvers.convex_dp import solve_convex_dp
 from dpopt.solvers.minimax import factor_variances, query_rows, solve_minimax
-from dpopt.workloads import AllRange, Prefix, WidthK
+from dpopt.workloads import AllRange, Marginals, Prefix, WidthK, WRange
 from formulations import minimax as minimax_model
 from formulations.solve import solve
 
 RESULTS = Path(__file__).resolve().parent / "results"
-MAKE = {"all-range": AllRange, "prefix": Prefix, "width32": lambda n: WidthK(n, 32)}
+
+
+def marginal_domain(n: int) -> list[int]:
+    """Four attribute sizes, powers of two as equal as possible, with product n (a power of two >= 16)."""
+    e = int(round(np.log2(n)))
+    if 2**e != n or e < 4:
+        raise ValueError(f"marginals2 needs n a power of two >= 16; got {n}")
+    return [2 ** (e // 4 + (i < e % 4)) for i in range(4)]
+
+
+MAKE = {
+    "all-range": AllRange,
+    "prefix": Prefix,
+    "width32": lambda n: WidthK(n, 32),
+    "wrange": lambda n: WRange(n // 4, n, seed=0),
+    "marginals2": lambda n: Marginals(marginal_domain(n), k=2),
+}
 
 
 def row_basis(rows) -> np.ndarray | None:
@@ -102,12 +119,14 @@ def write(rows: list[dict], conic: list[dict], args: argparse.Namespace) -> None
     with open(RESULTS / "minimax.md", "w") as f:
         f.write("# Certified minimax per-query variance (benchmarks/bench_minimax.py)\n\n")
         f.write(
-            f"One BLAS thread; solve_minimax at certified gap {args.tol:g} with a {args.budget:g} s wall budget per "
+            f"One BLAS thread; solve_minimax at certified gap {args.tol:g} (n <= 256) or {args.tol_large:g} (larger n) "
+            f"with a {args.budget:g} s (n <= 256) or {args.budget_large:g} s wall budget per "
             "run (status time_limit: the gap reached is reported); seconds are medians of `runs` runs. "
+            "wrange is WRange(n/4, n, seed 0); marginals2 all 2-way marginals of a 4-attribute domain of n cells. "
             "Unit noise (P = 1): max std = sqrt(max_i Var_i), total = sum_i Var_i, for the minimax "
             "strategy and for the sum-optimal one (solve_convex_dp, gap 1e-10).\n\n"
         )
-        cols = ["workload", "n", "m", "status", "runs", "wall_s", "cpu_s", "outer_iters", "inner_solves",
+        cols = ["workload", "n", "m", "tol", "status", "runs", "wall_s", "cpu_s", "outer_iters", "inner_solves",
                 "lower", "upper", "gap", "minimax_max_std", "sum_opt_max_std", "minimax_total", "sum_opt_total"]
         f.write(df[cols].to_markdown(index=False, floatfmt=".4g") + "\n\n")
         if len(dc):
@@ -122,11 +141,15 @@ def write(rows: list[dict], conic: list[dict], args: argparse.Namespace) -> None
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--budget", type=float, default=60.0, help="wall seconds per solve_minimax run")
-    ap.add_argument("--tol", type=float, default=1e-6)
+    ap.add_argument("--tol", type=float, default=1e-6, help="certified gap for n <= 256")
+    ap.add_argument("--tol-large", type=float, default=1e-4, help="certified gap for n > 256")
+    ap.add_argument("--budget-large", type=float, default=1500.0, help="wall seconds per run for n > 256")
+    ap.add_argument("--scs", default="prefix:64,prefix:128,prefix:256,prefix:512,all-range:64",
+                    help="workload:n rows also solved by the conic model")
     ap.add_argument("--scs-tol", type=float, default=1e-6)
     ap.add_argument("--scs-limit", type=float, default=120.0)
-    ap.add_argument("--workloads", default="all-range,prefix,width32")
-    ap.add_argument("--sizes", default="64,128,256,1024", help="n values (1024 only under the rule above)")
+    ap.add_argument("--workloads", default="all-range,prefix,width32,wrange,marginals2")
+    ap.add_argument("--sizes", default="64,256,1024", help="n values")
     ap.add_argument("--append", action="store_true", help="keep the rows already in results/minimax.csv")
     args = ap.parse_args()
     RESULTS.mkdir(exist_ok=True)
@@ -139,21 +162,18 @@ def main() -> None:
     with threadpool_limits(limits=1, user_api="blas"):
         for name in args.workloads.split(","):
             for n in (int(v) for v in args.sizes.split(",")):
-                if n == 128 and name == "width32":
-                    continue
-                if n == 1024:
-                    prev = [r for r in rows if r["workload"] == name and r["n"] == 256]
-                    if not prev or prev[0]["status"] != "converged" or 64 * prev[0]["wall_s"] > 180:
-                        continue
-                r = run_minimax(name, n, args.tol, args.budget)
+                small = n <= 256
+                tol = args.tol if small else args.tol_large
+                r = run_minimax(name, n, tol, args.budget if small else args.budget_large)
+                r["tol"] = tol
                 r["part"] = "minimax"
                 rows.append(r)
                 print({k: r[k] for k in ("workload", "n", "status", "wall_s", "cpu_s", "gap")}, flush=True)
                 write(rows, conic, args)
-                if n in (64, 128) and name in ("prefix", "all-range"):
+                if f"{name}:{n}" in args.scs.split(","):
                     w = MAKE[name](n)
                     ref = solve(
-                        minimax_model.build(w, 1.0), "scs", tol=args.scs_tol, time_limit=args.scs_limit,
+                        minimax_model.build(w, 1.0), "scs", tol=min(args.scs_tol, tol), time_limit=args.scs_limit,
                         accept_inaccurate=True,
                     )
                     c = {

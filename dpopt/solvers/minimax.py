@@ -90,9 +90,10 @@ __all__ = [
     "solve_minimax",
 ]
 
-#: A step is rejected only on a certified decrease of F: the new inner primal value (>= F(u_new)) below
-#: the old inner dual bound (<= F(u)) by more than this relative amount (the bound is computed from
-#: singular values to about this accuracy).
+#: A step is accepted when the inner dual bound does not fall by more than this relative amount (the
+#: bound is computed from singular values to about this accuracy). Measured: a slack of the inner gap
+#: (accepting any fall the inexact inner solves could explain) took Prefix(256) 57 outer iterations
+#: against 29.
 _ASCENT_RTOL = 1e-13
 #: Inner sum solves are asked for a relative gap of _INNER_GAP_FACTOR * gap^2 (gap: the outer relative
 #: gap), between `inner_tol` and _INNER_TOL_MAX. The supergradient g comes from the inner primal point,
@@ -105,6 +106,10 @@ _INNER_GAP_FACTOR = 0.01
 #: The exponentiated-gradient step is taken in log space with its exponent capped here (a step never
 #: multiplies a weight by more than e^700, and an infinite variance stays finite in the update).
 _MAX_EXPONENT = 700.0
+#: Below this step the weights move by less than 1e-12 relative per iteration: the supergradient is no
+#: ascent direction there (F is not differentiable at u; seen on WRange(16, 64), which stalled with the
+#: step near 1e-15 for thousands of iterations at a 5.3e-4 gap), and the solver stops STALLED.
+_MIN_STEP = 1e-12
 _INNER_TOL_MAX = 1e-8
 #: Row-space cut: an eigenvalue of W^T C^{-1} W counts as nonzero above this times the largest. eigh is
 #: backward stable, so a zero eigenvalue comes out at most about n * eps * lam_max in size (2.3e-13 at
@@ -347,15 +352,14 @@ def solve_minimax(
                 lower, best_u = lower_new, u_new
             if g2.max() < upper:
                 upper, best_X, best_var, source = float(g2.max()), X2, g2, "inner"
-            # Rejected only on a certified decrease: F(u_new) <= its primal value r2.fun, F(u) >= res.dual_bound.
-            if float(r2.fun) >= float(res.dual_bound) * (1.0 - _ASCENT_RTOL):
+            if lower_new >= float(res.dual_bound) * (1.0 - _ASCENT_RTOL):
                 u, res, X, g = u_new, r2, X2, g2
                 p *= 1.5
                 accepted = True
                 break
             p /= 2.0
-        if not accepted:
-            status, message = STALLED, f"no ascent step found at gap {gap:.2e}"
+        if not accepted or p < _MIN_STEP:
+            status, message = STALLED, f"no ascent step found at gap {gap:.2e} (step {p:.1e})"
             break
     X_best = _gram(best_X, U)
     X_best /= max(float(np.diag(X_best).max()), 1.0)
