@@ -69,6 +69,7 @@ import scipy.sparse as sp
 from dpopt.privacy import analytic_gaussian_sigma
 from dpopt.solvers.convex_dp import solve_convex_dp
 from dpopt.solvers.result import (
+    CONVERGED,
     MAX_ITER,
     STALLED,
     SolverResult,
@@ -352,7 +353,9 @@ def solve_minimax(
                 lower, best_u = lower_new, u_new
             if g2.max() < upper:
                 upper, best_X, best_var, source = float(g2.max()), X2, g2, "inner"
-            if lower_new >= float(res.dual_bound) * (1.0 - _ASCENT_RTOL):
+            # A step is taken only from a converged inner solve: a stalled one (the sum solver fails on
+            # some very ill-conditioned G_u, e.g. WRange(16, 64) with one weight near 1e-6) gives a wrong g.
+            if r2.status == CONVERGED and lower_new >= float(res.dual_bound) * (1.0 - _ASCENT_RTOL):
                 u, res, X, g = u_new, r2, X2, g2
                 p *= 1.5
                 accepted = True
