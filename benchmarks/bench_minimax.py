@@ -150,7 +150,8 @@ def main() -> None:
     ap.add_argument("--scs-limit", type=float, default=120.0)
     ap.add_argument("--workloads", default="all-range,prefix,width32,wrange,marginals2")
     ap.add_argument("--sizes", default="64,256,1024", help="n values")
-    ap.add_argument("--append", action="store_true", help="keep the rows already in results/minimax.csv")
+    ap.add_argument("--append", action="store_true",
+                    help="keep the rows already in results/minimax.csv (a row run again replaces its old one)")
     args = ap.parse_args()
     RESULTS.mkdir(exist_ok=True)
     rows: list[dict] = []
@@ -167,7 +168,7 @@ def main() -> None:
                 r = run_minimax(name, n, tol, args.budget if small else args.budget_large)
                 r["tol"] = tol
                 r["part"] = "minimax"
-                rows.append(r)
+                rows = [q for q in rows if (q["workload"], q["n"]) != (name, n)] + [r]  # a re-run replaces
                 print({k: r[k] for k in ("workload", "n", "status", "wall_s", "cpu_s", "gap")}, flush=True)
                 write(rows, conic, args)
                 if f"{name}:{n}" in args.scs.split(","):
@@ -190,7 +191,7 @@ def main() -> None:
                         "cpu_ratio_scs_over_minimax": ref.solve_cpu_seconds / r["cpu_s"],
                         "scs_rel_diff": (ref.objective - r["upper"]) / r["upper"],
                     }
-                    conic.append(c)
+                    conic = [q for q in conic if (q["workload"], q["n"]) != (name, n)] + [c]
                     print(c, flush=True)
                     write(rows, conic, args)
 

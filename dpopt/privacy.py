@@ -146,19 +146,34 @@ def gaussian_delta(sigma: float, sens2: float, epsilon: float) -> float:
     return math.exp(la) * -math.expm1(lb - la)
 
 
+def least_passing(passes: Callable[[float], bool], lo: float, hi: float, rtol: float) -> float:
+    """Least x > 0 with passes(x) for a monotone test (False below a threshold, True above), to rtol;
+    the bracket [lo, hi] is widened by halving / doubling first. Returns the passing end."""
+    while not passes(hi):
+        hi *= 2.0
+    while passes(lo):
+        lo /= 2.0
+    while hi - lo > rtol * hi:
+        mid = 0.5 * (lo + hi)
+        lo, hi = (lo, mid) if passes(mid) else (mid, hi)
+    return hi
+
+
 def analytic_gaussian_sigma(eps: float, delta: float, sens: float = 1.0, rtol: float = 1e-12) -> float:
     """Smallest sigma for which Gaussian noise is (eps, delta)-DP (Balle and Wang 2018), by bisection."""
     if eps <= 0 or not 0 < delta < 1 or sens <= 0:
         raise ValueError(f"need eps > 0, 0 < delta < 1, sens > 0; got {eps}, {delta}, {sens}")
-    lo, hi = 1e-6 * sens, sens
-    while gaussian_delta(hi, sens, eps) > delta:
-        hi *= 2.0
-    while gaussian_delta(lo, sens, eps) <= delta:
-        lo /= 2.0
-    while hi - lo > rtol * hi:
-        mid = 0.5 * (lo + hi)
-        if gaussian_delta(mid, sens, eps) > delta:
-            lo = mid
-        else:
-            hi = mid
-    return hi
+    return least_passing(lambda sigma: gaussian_delta(sigma, sens, eps) <= delta, 1e-6 * sens, sens, rtol)
+
+
+def epsilon_for_sigma(sigma: float, delta: float, calibration: str = DEFAULT_CALIBRATION,
+                      rtol: float = 1e-10) -> float:
+    """Least eps whose Gaussian `Privacy.sigma_factor` at this delta is at most sigma (its inverse):
+    classic in closed form, analytic by bisection (the analytic sigma decreases in eps)."""
+    if not (0.0 < delta < 1.0) or not (math.isfinite(sigma) and sigma > 0):
+        raise ValueError(f"need sigma > 0 finite and 0 < delta < 1; got {sigma}, {delta}")
+    if calibration == "classic":
+        return math.sqrt(2.0 * math.log(2.0 / delta)) / sigma
+    if calibration == "analytic":
+        return least_passing(lambda eps: analytic_gaussian_sigma(eps, delta) <= sigma, 1e-3, 1.0, rtol)
+    raise ValueError(f"calibration must be 'classic' or 'analytic'; got {calibration!r}")

@@ -207,25 +207,3 @@ def to_strategy(model: Model) -> Strategy:
     X = X / np.diag(X).max()
     A = Strategy.from_gram(X, name=model.name).A
     return Strategy(embed_columns(np.asarray(A), data.kept, data.n), name=model.name)
-
-
-def query_variances(strategy: Strategy, W: np.ndarray) -> np.ndarray:
-    """Variance of every query under unit noise per unit sensitivity: sens2^2 * diag(W (A^T A)^+ W^T)."""
-    W = np.asarray(W, dtype=float)
-    return strategy.sens2**2 * np.einsum("ij,ij->i", W @ strategy.gram_pinv(), W)
-
-
-def epsilon_for(t: float, delta: float) -> float:
-    """eps at which unit-noise measurement with sens2^2 = t is (eps, delta)-DP (classic calibration)."""
-    if not (0.0 < delta < 1.0):
-        raise ValueError(f"delta must lie in (0, 1), got {delta}")
-    if not (math.isfinite(t) and t > 0):
-        raise ValueError(f"t must be a finite number > 0, got {t}")
-    return math.sqrt(2.0 * math.log(2.0 / delta) * t)
-
-
-def zcdp_rho(t: float) -> float:
-    """rho of rho-zCDP for unit-noise Gaussian measurement with sens2^2 = t (rho = t / 2)."""
-    if not (math.isfinite(t) and t > 0):
-        raise ValueError(f"t must be a finite number > 0, got {t}")
-    return t / 2.0

@@ -17,7 +17,7 @@ from dpopt.workloads import Prefix
 
 DELTA = 1e-6
 # The largest std at the returned epsilon equals the target up to the eps search's accuracy (rtol 1e-10 in
-# epsilon_analytic; SIGMA_RTOL 1e-9 in OpenDP's sigma): far inside the 1e-6 asked.
+# dpopt.privacy.epsilon_for_sigma; SIGMA_RTOL 1e-9 in OpenDP's sigma): far inside the 1e-6 asked.
 EXACT = 1e-6
 BELOW = 1 - 1e-4  # "no smaller epsilon does": checked at eps (1 - 1e-4)
 

@@ -358,6 +358,11 @@ def test_per_query_identity_workload_is_analytic():
         assert res.objective == pytest.approx(2.0, rel=1e-5 if solver == "scs" else 1e-7)
 
 
+def _unit_variances(strategy, W: np.ndarray) -> np.ndarray:
+    """Variance of every query under unit noise per unit sensitivity: sens2^2 diag(W (A^T A)^+ W^T)."""
+    return strategy.sens2**2 * strategy.query_unit_variances(W)
+
+
 @pytest.mark.parametrize("fam", ["prefix", "wrange", "wrelated"])
 def test_per_query_strategy_meets_every_bound_and_scales(fam):
     w = family(fam, 8)
@@ -370,20 +375,17 @@ def test_per_query_strategy_meets_every_bound_and_scales(fam):
     # With sens2 = 1 and unit noise per unit sensitivity the variances are at most t * c_i, i.e. the
     # bounds hold at variance factor P = 1 / t; at least one bound is active. The strategy comes from
     # Clarabel's point (default 1e-8), its residuals amplified by the recovery (cond(X) <= ~100): 1e-6.
-    ratio = per_query.query_variances(s, W) / (t * c)
+    ratio = _unit_variances(s, W) / (t * c)
     assert ratio.max() == pytest.approx(1.0, rel=1e-6)
     # Halving every bound doubles the least privacy cost (two solves, each within 1e-8).
     assert solve(per_query.build(w, c / 2), "clarabel").objective == pytest.approx(2 * t, rel=1e-6)
-    # the conversions against their formulas: a few float operations, a few ulps
-    assert per_query.zcdp_rho(t) == pytest.approx(t / 2, rel=1e-14)
-    assert per_query.epsilon_for(t, 1e-6) == pytest.approx(math.sqrt(2 * math.log(2e6) * t), rel=1e-14)
 
 
 def test_per_query_with_the_sdp_variances_costs_at_most_one():
     # The total-error optimum (diag X <= 1) meets its own per-query variances, so t* <= 1.
     w = family("prefix", 8)
     W = w.matrix()
-    v = per_query.query_variances(solve(mm_approx.build(w), "clarabel").strategy, W)
+    v = _unit_variances(solve(mm_approx.build(w), "clarabel").strategy, W)
     assert solve(per_query.build(w, v * 1.01), "clarabel").objective <= 1.0 / 1.01 * (1 + 1e-6)
 
 
@@ -419,7 +421,7 @@ def test_per_query_whitened_model_has_the_orthonormal_basis_optimum(fam):
     assert t == pytest.approx(_per_query_orthonormal_basis(W[:-1], c[:-1]), rel=1e-7)
     # Every bound holds for the recovered strategy at variance factor 1 / t, one is active (the strategy
     # from the solver's point: its 1e-9 residuals amplified by the recovery, cond <= ~100; 1e-6).
-    ratio = per_query.query_variances(per_query.to_strategy(model), W[:-1]) / (t * c[:-1])
+    ratio = _unit_variances(per_query.to_strategy(model), W[:-1]) / (t * c[:-1])
     assert ratio.max() == pytest.approx(1.0, rel=1e-6)
 
 

@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 
-from dpopt.privacy import Privacy
 from dpopt.solvers.minimax import (
     MatrixRows,
     RangeRows,
-    epsilon_analytic,
-    epsilon_classic,
     fitness_for_use,
     query_rows,
     solve_minimax,
@@ -118,27 +113,6 @@ def test_fitness_form_is_the_per_query_program():
     # ratio is exactly value * scale = 1 up to the rounding of one product and one quotient.
     ratio = _variances(w.matrix(), ffu.X) * ffu.scale / c
     assert ratio.max() <= 1.0 + 10 * w.n * np.linalg.cond(ffu.X) * EPS
-
-
-def test_epsilon_inversions():
-    delta, scale = 1e-6, 60.0  # sigma^2 = 60: eps about 0.7 (classic), inside its eps <= 1 range
-    eps = epsilon_classic(scale, delta)
-    # classic: sigma = sqrt(2 ln(2/delta)) / eps = sqrt(scale), and per_query's eps for sens2^2 = 1/scale.
-    assert math.sqrt(2 * math.log(2 / delta)) / eps == pytest.approx(math.sqrt(scale), rel=4 * EPS)
-    assert eps == pytest.approx(per_query.epsilon_for(1.0 / scale, delta), rel=4 * EPS)
-    # analytic: bisection to rtol 1e-10 on eps; the analytic sigma at the result is sqrt(scale) to
-    # that rtol times the elasticity of sigma in eps (about 1 here), and dpopt.privacy's own bisection
-    # (rtol 1e-12).
-    eps_a = epsilon_analytic(scale, delta)
-    sigma_a = Privacy(eps_a, delta, calibration="analytic").sigma_factor
-    assert sigma_a == pytest.approx(math.sqrt(scale), rel=1e-8)
-    assert sigma_a <= math.sqrt(scale) * (1 + 1e-12)
-    # The analytic calibration never needs more eps than the classic one for eps <= 1 (privacy.py).
-    assert eps <= 1.0 and eps_a <= eps
-    with pytest.raises(ValueError):
-        epsilon_classic(0.0, delta)
-    with pytest.raises(ValueError):
-        epsilon_analytic(1.0, 1.5)
 
 
 @pytest.mark.parametrize("make", [lambda: AllRange(12), lambda: Prefix(12), lambda: WidthK(12, 5)])

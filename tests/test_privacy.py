@@ -10,7 +10,9 @@ from scipy.integrate import quad
 from scipy.optimize import brentq
 from scipy.stats import norm
 
-from dpopt.privacy import Privacy, analytic_gaussian_sigma
+from dpopt.privacy import Privacy, analytic_gaussian_sigma, epsilon_for_sigma
+
+EPS = np.finfo(float).eps
 
 
 @pytest.mark.parametrize("eps", [0, -1, math.nan, math.inf, "1"])
@@ -93,3 +95,25 @@ def test_one_default_calibration_for_the_library_and_every_command():
         "sweep task": {f.name: f.default for f in dataclasses.fields(Task)}["calibration"],
     }
     assert defaults == dict.fromkeys(defaults, DEFAULT_CALIBRATION)
+
+
+def test_epsilon_for_sigma_inverts_the_calibrations():
+    delta, sigma = 1e-6, math.sqrt(60.0)  # eps about 0.7 (classic), inside its eps <= 1 range
+    eps = epsilon_for_sigma(sigma, delta, "classic")
+    # classic: sigma = sqrt(2 ln(2/delta)) / eps, a few float operations each way
+    assert Privacy(eps, delta, calibration="classic").sigma_factor == pytest.approx(sigma, rel=8 * EPS)
+    # analytic: bisection to rtol 1e-10 on eps; the analytic sigma at the result is sigma to that rtol
+    # times the elasticity of sigma in eps (about 1 here), and never above it beyond its own bisection
+    # (rtol 1e-12).
+    eps_a = epsilon_for_sigma(sigma, delta, "analytic")
+    sigma_a = Privacy(eps_a, delta, calibration="analytic").sigma_factor
+    assert sigma_a == pytest.approx(sigma, rel=1e-8)
+    assert sigma_a <= sigma * (1 + 1e-12)
+    # an eps 1e-8 smaller (100 times the bisection's rtol) needs more noise than sigma
+    assert Privacy(eps_a * (1 - 1e-8), delta, calibration="analytic").sigma_factor > sigma
+    # The analytic calibration never needs more eps than the classic one for eps <= 1.
+    assert eps <= 1.0 and eps_a <= eps
+    for bad in ((0.0, delta, "classic"), (1.0, 1.5, "analytic"), (1.0, delta, "laplace")):
+        with pytest.raises(ValueError):
+            epsilon_for_sigma(*bad)
+

@@ -66,7 +66,7 @@ import numpy as np
 import scipy.linalg as sla
 import scipy.sparse as sp
 
-from dpopt.privacy import analytic_gaussian_sigma
+from dpopt.privacy import epsilon_for_sigma
 from dpopt.solvers.convex_dp import solve_convex_dp
 from dpopt.solvers.result import (
     CONVERGED,
@@ -82,8 +82,6 @@ __all__ = [
     "FitnessForUse",
     "MatrixRows",
     "RangeRows",
-    "epsilon_analytic",
-    "epsilon_classic",
     "factor_variances",
     "fitness_for_use",
     "query_rows",
@@ -404,11 +402,7 @@ class FitnessForUse:
 
     def epsilon(self, delta: float, calibration: str = "classic") -> float:
         """Least epsilon at this delta for which the calibrated Gaussian noise meets every target."""
-        if calibration == "classic":
-            return epsilon_classic(self.scale, delta)
-        if calibration == "analytic":
-            return epsilon_analytic(self.scale, delta)
-        raise ValueError(f"calibration must be 'classic' or 'analytic'; got {calibration!r}")
+        return epsilon_for_sigma(self.sigma, delta, calibration)
 
 
 def fitness_for_use(
@@ -421,37 +415,3 @@ def fitness_for_use(
     """
     res = solve_minimax(workload, target_var, **options)
     return FitnessForUse(X=res.x, value=float(res.fun), scale=1.0 / float(res.fun), result=res)
-
-
-def _check_scale(scale: float, delta: float) -> None:
-    if not (0.0 < delta < 1.0):
-        raise ValueError(f"delta must lie in (0, 1); got {delta}")
-    if not (math.isfinite(scale) and scale > 0):
-        raise ValueError(f"scale must be a finite number > 0; got {scale}")
-
-
-def epsilon_classic(scale: float, delta: float) -> float:
-    """eps with sqrt(2 ln(2/delta)) / eps = sqrt(scale) (classic calibration, sens2 = 1)."""
-    _check_scale(scale, delta)
-    return math.sqrt(2.0 * math.log(2.0 / delta) / scale)
-
-
-def epsilon_analytic(scale: float, delta: float, rtol: float = 1e-10) -> float:
-    """Least eps whose analytic Gaussian sigma (dpopt.privacy, Balle and Wang 2018) is <= sqrt(scale).
-
-    The analytic sigma decreases in eps, so eps is found by bisection on `analytic_gaussian_sigma`.
-    """
-    _check_scale(scale, delta)
-    sigma = math.sqrt(scale)
-    lo, hi = 1e-3, 1.0
-    while analytic_gaussian_sigma(hi, delta) > sigma:
-        hi *= 2.0
-    while analytic_gaussian_sigma(lo, delta) <= sigma:
-        lo /= 2.0
-    while hi - lo > rtol * hi:
-        mid = 0.5 * (lo + hi)
-        if analytic_gaussian_sigma(mid, delta) > sigma:
-            lo = mid
-        else:
-            hi = mid
-    return hi
