@@ -41,10 +41,12 @@ _PD_RTOL = 1e3 * np.finfo(float).eps
 _BLOCK = 512
 #: Precision of the Hessian products inside CG (the Newton direction only; every iterate is evaluated in float64).
 CG_DTYPE = np.float32
-#: Hessian products run in CG_DTYPE only when max(kappa) ||Z||_F^4 stays below this. With max|w| = 1,
+#: Hessian products run in CG_DTYPE only when max(kappa) ||Z||_F^4 stays below this (their diagonal, the
+#: CG preconditioner, is formed in float64 first and decides, with it, whether they may). With max|w| = 1,
 #: every entry of Z diag(w) Z^T is at most ||Z||_F^2 (Cauchy-Schwarz), of its product with kappa at most
 #: max(kappa) ||Z||_F^2, and of the result at most max(kappa) ||Z||_F^4; float32 ends at 3.4e38.
 _FLOAT32_SAFE = 1e36
+
 
 def _weighted_column_squares(Z: np.ndarray, w: np.ndarray) -> np.ndarray:
     """x_i = sum_a w_a Z_ai^2 (diag of Z^T diag(w) Z), streamed over row blocks (no k x n temporary)."""
@@ -93,7 +95,8 @@ class ConvexDPDual:
         h_diag = unit * np.einsum("an,an->n", Q, kappa @ Q)
         del Q
         # Float32 products (they only shape the direction) unless they could overflow (_FLOAT32_SAFE).
-        if np.isfinite(h_diag).all() and float(kappa.max()) * float(np.einsum("an,an->", Zf, Zf)) ** 2 < _FLOAT32_SAFE:
+        fro2 = float(np.einsum("an,an->", Zf, Zf))
+        if np.isfinite(h_diag).all() and float(kappa.max()) * fro2**2 < _FLOAT32_SAFE:
             kappa, Zf = kappa.astype(CG_DTYPE), Zf.astype(CG_DTYPE)
 
         def hess_vec(w: np.ndarray) -> np.ndarray:

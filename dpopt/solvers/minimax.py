@@ -102,6 +102,7 @@ _ASCENT_RTOL = 1e-13
 #: in 51-65 CPU s against 80 s at a fixed 1e-12, Width32(512) in 37 s against no convergence in 60 s; the
 #: outer iteration counts at n <= 256 and tol 1e-6 were unchanged.
 _INNER_GAP_FACTOR = 0.01
+_INNER_TOL_MAX = 1e-8
 #: The exponentiated-gradient step is taken in log space with its exponent capped here (a step never
 #: multiplies a weight by more than e^700, and an infinite variance stays finite in the update).
 _MAX_EXPONENT = 700.0
@@ -109,7 +110,6 @@ _MAX_EXPONENT = 700.0
 #: ascent direction there (F is not differentiable at u; seen on WRange(16, 64), which stalled with the
 #: step near 1e-15 for thousands of iterations at a 5.3e-4 gap), and the solver stops STALLED.
 _MIN_STEP = 1e-12
-_INNER_TOL_MAX = 1e-8
 #: Row-space cut: an eigenvalue of W^T C^{-1} W counts as nonzero above this times the largest. eigh is
 #: backward stable, so a zero eigenvalue comes out at most about n * eps * lam_max in size (2.3e-13 at
 #: n = 1024); the cut is above the inner solver's RANK_TOL (1e-12), so both see the same rank for u
