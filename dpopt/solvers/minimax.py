@@ -66,7 +66,7 @@ import numpy as np
 import scipy.linalg as sla
 import scipy.sparse as sp
 
-from dpopt.privacy import epsilon_for_sigma
+from dpopt.privacy import DEFAULT_CALIBRATION, epsilon_for_sigma
 from dpopt.solvers.convex_dp import solve_convex_dp
 from dpopt.solvers.result import (
     CONVERGED,
@@ -338,10 +338,12 @@ def solve_minimax(
             break
         F = float(u @ g)
         gap_asked = min(_INNER_TOL_MAX, max(inner_tol, _INNER_GAP_FACTOR * gap * gap))
+        with np.errstate(divide="ignore"):  # a weight that underflowed to 0 stays 0
+            log_u = np.log(u)
+        ascent = g / F - 1.0
         accepted = False
         for _ in range(40):
-            with np.errstate(divide="ignore"):  # a weight that underflowed to 0 stays 0
-                z = np.log(u) + np.minimum(p * (g / F - 1.0), _MAX_EXPONENT)
+            z = log_u + np.minimum(p * ascent, _MAX_EXPONENT)
             u_new = np.exp(z - z.max())
             u_new /= u_new.sum()
             r2, X2, g2 = inner(u_new, res.extra["d"], gap_asked)
@@ -400,7 +402,7 @@ class FitnessForUse:
     def sigma(self) -> float:
         return math.sqrt(self.scale)
 
-    def epsilon(self, delta: float, calibration: str = "classic") -> float:
+    def epsilon(self, delta: float, calibration: str = DEFAULT_CALIBRATION) -> float:
         """Least epsilon at this delta for which the calibrated Gaussian noise meets every target."""
         return epsilon_for_sigma(self.sigma, delta, calibration)
 
