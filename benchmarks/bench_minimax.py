@@ -4,7 +4,7 @@ Part 1: `solve_minimax` (unit targets) on AllRange, Prefix, Width32 (WidthK(n, 3
 random WRange(n / 4, n) (seed 0) and all 2-way marginals of a 4-attribute domain with n cells
 (`marginal_domain`), at certified relative gap --tol for n <= 256 and --tol-large above. Each run gets
 a wall-clock budget (--budget seconds, --budget-large above n = 256); a run that reaches it stops with
-status time_limit and reports the certified gap it reached. Wall and CPU seconds are medians of 3 runs (1 run
+status time_limit and reports the certified gap it reached. Wall and CPU seconds are medians of --runs runs (3 by default; 1 run
 when the budget ran out: repeating it would only repeat the budget). Beside it, the sum-optimal
 strategy (`solve_convex_dp`, gap 1e-10) and what each pays under unit noise (P = 1): the largest
 per-query standard deviation sqrt(max_i Var_i) and the total squared error sum_i Var_i.
@@ -64,10 +64,10 @@ def row_basis(rows) -> np.ndarray | None:
     return None if keep.all() else Q[:, keep]
 
 
-def run_minimax(name: str, n: int, tol: float, budget: float) -> dict:
+def run_minimax(name: str, n: int, tol: float, budget: float, runs: int) -> dict:
     w = MAKE[name](n)
     walls, cpus, res = [], [], None
-    for _ in range(3):
+    for _ in range(runs):
         res = solve_minimax(w, tol=tol, time_limit=budget)
         walls.append(res.wall_seconds)
         cpus.append(res.cpu_seconds)
@@ -148,6 +148,7 @@ def main() -> None:
                     help="workload:n rows also solved by the conic model")
     ap.add_argument("--scs-tol", type=float, default=1e-6)
     ap.add_argument("--scs-limit", type=float, default=120.0)
+    ap.add_argument("--runs", type=int, default=3, help="runs per row (the median is reported)")
     ap.add_argument("--workloads", default="all-range,prefix,width32,wrange,marginals2")
     ap.add_argument("--sizes", default="64,256,1024", help="n values")
     ap.add_argument("--append", action="store_true",
@@ -165,7 +166,7 @@ def main() -> None:
             for n in (int(v) for v in args.sizes.split(",")):
                 small = n <= 256
                 tol = args.tol if small else args.tol_large
-                r = run_minimax(name, n, tol, args.budget if small else args.budget_large)
+                r = run_minimax(name, n, tol, args.budget if small else args.budget_large, args.runs)
                 r["tol"] = tol
                 r["part"] = "minimax"
                 rows = [q for q in rows if (q["workload"], q["n"]) != (name, n)] + [r]  # a re-run replaces

@@ -68,6 +68,7 @@ import scipy.sparse as sp
 
 from dpopt.privacy import DEFAULT_CALIBRATION, epsilon_for_sigma
 from dpopt.solvers.convex_dp import solve_convex_dp
+from dpopt.solvers.minimax_newton import JointPoint, newton_direction
 from dpopt.solvers.result import (
     CONVERGED,
     MAX_ITER,
@@ -115,6 +116,12 @@ _MIN_STEP = 1e-12
 #: n = 1024); the cut is above the inner solver's RANK_TOL (1e-12), so both see the same rank for u
 #: near uniform.
 _ROW_SPACE_RTOL = 1e-10
+#: Newton on the joint dual: CG steps per direction, and the initial Levenberg-Marquardt damping (x10 after
+#: a rejected direction, /3 after an accepted one).
+_NEWTON_MAX_CG = 100
+_NEWTON_DAMPING = 1e-4
+_NEWTON_DAMPING_MAX = 1e2
+_NEWTON_FLOOR = 0.1
 
 
 class MatrixRows:
@@ -132,6 +139,10 @@ class MatrixRows:
         """w_i F F^T w_i^T, where F F^T = X^+ (see `query_variances`)."""
         Y = self.W @ F
         return np.einsum("ij,ij->i", Y, Y)
+
+    def forms(self, S: np.ndarray) -> np.ndarray:
+        """w_i S w_i^T for a symmetric S (n x n)."""
+        return np.einsum("ij,ij->i", self.W @ S, self.W)
 
 
 class RangeRows:
@@ -161,10 +172,13 @@ class RangeRows:
         return (G + G.T) / 2.0
 
     def variances(self, F: np.ndarray) -> np.ndarray:
-        """Q = B X^+ B^T (boundary covariance, X^+ = F F^T), Var = Q[hi, hi] + Q[lo, lo] - 2 Q[lo, hi]."""
-        Xinv = F @ F.T
+        """w_i F F^T w_i^T, where F F^T = X^+."""
+        return self.forms(F @ F.T)
+
+    def forms(self, S: np.ndarray) -> np.ndarray:
+        """w_i S w_i^T from Q = B S B^T (B: boundaries), Q[hi, hi] + Q[lo, lo] - 2 Q[lo, hi]."""
         Q = np.zeros((self.n + 1, self.n + 1))
-        Q[1:, 1:] = Xinv.cumsum(axis=0).cumsum(axis=1)
+        Q[1:, 1:] = S.cumsum(axis=0).cumsum(axis=1)
         dq = np.diag(Q)
         return dq[self.hi] + dq[self.lo] - 2.0 * Q[self.lo, self.hi]
 
@@ -260,6 +274,7 @@ def solve_minimax(
     inner_tol: float | None = None,
     step: float = 1.0,
     averaging: float = 0.8,
+    newton_gap: float = 0.05,
     callback: Callable[[dict[str, Any]], bool | None] | None = None,
 ) -> SolverResult:
     """Least max_i w_i X^+ w_i^T / c_i subject to diag(X) <= 1, with a certified gap (module docstring).
@@ -318,8 +333,34 @@ def solve_minimax(
     upper, best_X, best_var, source = float(g.max()), X, g, "inner"
     X_avg = X.copy()
     p = float(step)
+    damping, n_newton = _NEWTON_DAMPING, 0
     history: list[dict[str, float]] = []
     status, message, nit = MAX_ITER, f"reached max_iter = {max_iter}", 0
+
+    def trial(u_new: np.ndarray, d_start: np.ndarray, slack: float = _ASCENT_RTOL) -> bool | None:
+        """Inner solve at u_new (best bounds kept); moves there if the inner dual bound did not fall.
+
+        Returns True (moved), False (no ascent) or None (some variance infinite: a query outside range(X)).
+        """
+        nonlocal u, res, X, g, lower, best_u, upper, best_X, best_var, source, n_solves
+        r2, X2, g2 = inner(u_new, d_start, gap_asked)
+        n_solves += 1
+        if float(r2.dual_bound) > lower:
+            lower, best_u = float(r2.dual_bound), u_new
+        if g2.max() < upper:
+            upper, best_X, best_var, source = float(g2.max()), X2, g2, "inner"
+        # A step is taken only from a converged inner solve with finite variances: a stalled one (the sum
+        # solver fails on some very ill-conditioned G_u, e.g. WRange(16, 64) with one weight near 1e-6)
+        # gives a wrong g, and a zero weight can leave a query outside range(X) (WidthK).
+        if not np.isfinite(g2).all():
+            return None
+        if r2.status != CONVERGED:
+            return False
+        if float(r2.dual_bound) < float(res.dual_bound) * (1.0 - slack):
+            return False
+        u, res, X, g = u_new, r2, X2, g2
+        return True
+
     for nit in range(max_iter + 1):
         if nit > 0:
             X_avg = _unit_diag(
@@ -336,27 +377,37 @@ def solve_minimax(
         if stop is not None:
             status, message = stop
             break
-        F = float(u @ g)
         gap_asked = min(_INNER_TOL_MAX, max(inner_tol, _INNER_GAP_FACTOR * gap * gap))
-        with np.errstate(divide="ignore"):  # a weight that underflowed to 0 stays 0
+        accepted = False
+        if gap < newton_gap:  # Newton on the joint dual (minimax_newton), under the same ascent test
+            d_now = res.extra["d"] / float(res.extra["d"].sum())
+            try:
+                point = JointPoint(rows, c, U, u, np.maximum(d_now, 1e-14 * d_now.max()))
+                du, dd, held = newton_direction(point, min(0.1, math.sqrt(gap)), _NEWTON_MAX_CG, damping)
+            except np.linalg.LinAlgError:
+                held = None
+            for t in (1.0, 0.5, 0.25) if held is not None else ():
+                # Weights the step drives below zero go to zero; if that leaves a query outside range(X)
+                # (W rank deficient, e.g. WidthK), they fall to _NEWTON_FLOOR of themselves instead.
+                for floor in (0.0, _NEWTON_FLOOR):
+                    u_new = np.maximum(u + t * du, np.where(held, 0.0, floor * u))
+                    n_newton += 1
+                    accepted = trial(u_new / u_new.sum(), np.maximum(point.d + t * dd, 0.0), max(_ASCENT_RTOL, gap_asked))
+                    if accepted is not None:
+                        break
+                if accepted:
+                    break
+            damping = damping / 3.0 if accepted else min(damping * 10.0, _NEWTON_DAMPING_MAX)
+        if accepted:
+            continue
+        F = float(u @ g)
+        with np.errstate(divide="ignore"):  # a weight that underflowed (or was set) to 0 stays 0
             log_u = np.log(u)
         ascent = g / F - 1.0
-        accepted = False
         for _ in range(40):
             z = log_u + np.minimum(p * ascent, _MAX_EXPONENT)
             u_new = np.exp(z - z.max())
-            u_new /= u_new.sum()
-            r2, X2, g2 = inner(u_new, res.extra["d"], gap_asked)
-            n_solves += 1
-            lower_new = float(r2.dual_bound)
-            if lower_new > lower:
-                lower, best_u = lower_new, u_new
-            if g2.max() < upper:
-                upper, best_X, best_var, source = float(g2.max()), X2, g2, "inner"
-            # A step is taken only from a converged inner solve: a stalled one (the sum solver fails on
-            # some very ill-conditioned G_u, e.g. WRange(16, 64) with one weight near 1e-6) gives a wrong g.
-            if r2.status == CONVERGED and lower_new >= float(res.dual_bound) * (1.0 - _ASCENT_RTOL):
-                u, res, X, g = u_new, r2, X2, g2
+            if trial(u_new / u_new.sum(), res.extra["d"]):
                 p *= 1.5
                 accepted = True
                 break
@@ -377,6 +428,7 @@ def solve_minimax(
             "R": best_X,
             "basis": U,
             "inner_solves": n_solves,
+            "newton_solves": n_newton,
             "history": history,
         },
     )

@@ -1,0 +1,147 @@
+"""Projected Newton steps on the joint minimax dual over query weights u and cell weights d.
+
+With U (n x k) an orthonormal basis of W's row space (I when W has full column rank), A(u) = U^T G_u U
+and B(d) = U^T diag(d) U (k x k, linear in u and d), the minimax value of `minimax` is
+
+    OPT = max over u in the query simplex, d in the cell simplex of psi(u, d)^2,
+    psi(u, d) = trace((L^T A(u) L)^{1/2}),   L L^T = B(d)   (the fidelity of A and B),
+
+because the inner sum problem's dual 2 psi(u, d) - sum(d) is largest on the ray t d at the value
+psi(u, d)^2 / sum(d). psi is jointly concave, 1/2-homogeneous in u and in d. With P = L Q and
+Y^2 = L^T A L = Q diag(s^2) Q^T, the strategy X = U P^{-T} diag(s) P^{-1} U^T and
+
+    2 dpsi/du_i = w_i X^+ w_i^T / c_i = Var_i(X) / c_i,   2 dpsi/dd_j = X_jj,
+
+so at the optimum the active queries share one variance and the cells with d_j > 0 one diagonal entry
+(sum_i u_i Var_i = sum_j d_j X_jj = psi). Differentiating the Riccati equation X B X = A on the row space
+gives the Hessian: for a direction (du, dd), with E = (P^T dA P - diag(s) P^{-1} dB P^{-T} diag(s)) / (s_a + s_b),
+
+    d(Var_i / c_i) = -y_i (E / (s_a s_b)) y_i^T / c_i,   y_i = w_i U P,   dX_jj = (U P^{-T} E P^{-1} U^T)_jj,
+
+a few O(n^2 k) products (`JointPoint.hess_vec`). Near the optimum, where exponentiated gradient
+(`solve_minimax`) converges at first order, Newton's method on the face of both simplices converges
+quadratically; the face is chosen as in Bertsekas' projected Newton method (SIAM J. Control Optim.
+20(2), 1982): a weight below an epsilon whose gradient points out of the face is set to zero.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import scipy.linalg as sla
+
+__all__ = ["JointPoint", "newton_direction"]
+
+#: A weight counts as binding (set to zero, held out of the Newton system) when its gradient is below
+#: the weighted mean and the weight is below this fraction of the largest one (`_binding`).
+BINDING_RTOL = 1e-2
+
+
+class JointPoint:
+    """psi(u, d), its gradient (Var / c, diag X) and Hessian products at one (u, d) (module docstring)."""
+
+    def __init__(self, rows: Any, c: np.ndarray, U: np.ndarray | None, u: np.ndarray, d: np.ndarray) -> None:
+        self.rows, self.c, self.U, self.u, self.d = rows, c, U, u, d
+        A = self._restrict(rows.gram(u / c))
+        B = np.diag(d) if U is None else (U.T * d) @ U
+        L = sla.cholesky(B, lower=True, check_finite=False)
+        ev, Q = sla.eigh(L.T @ A @ L, check_finite=False)
+        if not ev[0] > 0.0:
+            raise np.linalg.LinAlgError("A(u) is singular on W's row space")
+        self.s = np.sqrt(ev)
+        P = L @ Q
+        Pinv_T = sla.solve_triangular(L, Q, lower=True, trans="T", check_finite=False)  # P^{-T} = L^{-T} Q
+        self.Pu = P if U is None else U @ P  # y_i = w_i Pu
+        self.Pi = Pinv_T if U is None else U @ Pinv_T  # X = Pi diag(s) Pi^T
+        self.psi = float(self.s.sum())
+        self.gu = rows.forms((self.Pu / self.s) @ self.Pu.T) / c
+        self.gd = np.einsum("ja,ja->j", self.Pi * self.s, self.Pi)
+
+    def _restrict(self, G: np.ndarray) -> np.ndarray:
+        return G if self.U is None else self.U.T @ G @ self.U
+
+    def hess_vec(self, du: np.ndarray, dd: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Directional derivatives of (Var_i / c_i, X_jj) along (du, dd): twice psi's Hessian product."""
+        s, Pu, Pi = self.s, self.Pu, self.Pi
+        E = Pu.T @ self.rows.gram(du / self.c) @ Pu - s[:, None] * ((Pi.T * dd) @ Pi) * s[None, :]
+        E /= s[:, None] + s[None, :]
+        dgu = -self.rows.forms(Pu @ (E / np.outer(s, s)) @ Pu.T) / self.c
+        dgd = np.einsum("ja,ja->j", Pi @ E, Pi)
+        return dgu, dgd
+
+    def hess_diag(self) -> tuple[np.ndarray, np.ndarray]:
+        """Jacobi scaling: -dVar_i/du_i approximated from above by (y_i diag(s^{-3/2}) y_i^T)^2 / 2 (AM-GM on
+        s_a + s_b, exact when the s are equal), and -dX_jj/dd_j exactly."""
+        s, Pi = self.s, self.Pi
+        hu = 0.5 * (self.rows.forms((self.Pu * s**-1.5) @ self.Pu.T) / self.c) ** 2
+        Q2 = Pi * Pi
+        hd = np.einsum("ja,ja->j", Q2, Q2 @ (np.outer(s, s) / (s[:, None] + s[None, :])))
+        return hu, hd
+
+
+def _binding(v: np.ndarray, grad: np.ndarray) -> np.ndarray:
+    """Weights held at zero: gradient below the weighted mean and weight below epsilon, where epsilon is
+    BINDING_RTOL * max(v) shrunk to the projected-gradient residual (Bertsekas' rule: near the optimum
+    only weights already near zero are held, so a small optimal weight is not zeroed)."""
+    lam = float(v @ grad)
+    top = float(v.max())
+    residual = float(np.abs(v - np.maximum(v + (top / lam) * (grad - lam), 0.0)).max())
+    return (grad < lam) & (v < min(BINDING_RTOL * top, residual))
+
+
+def newton_direction(
+    p: JointPoint, eta: float, max_cg: int, damping: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Projected Newton direction (du, dd) for max psi on the product of simplices, and the held queries.
+
+    Binding weights (BINDING_RTOL) go to zero; on the others, Jacobi-preconditioned CG in the null space
+    of the two sum constraints solves (H + damping diag(H)) x = grad psi (H = -Hess psi) to relative
+    preconditioned residual eta; it stops early if the residual grows 1e4-fold (round-off at the optimum).
+    """
+    u, d = p.u, p.d
+    S, F = ~_binding(u, p.gu), ~_binding(d, p.gd)
+    nS = int(S.sum())
+    hu, hd = p.hess_diag()
+    h = 0.5 * np.concatenate([hu[S], hd[F]])
+    h = np.maximum(h, np.finfo(float).eps * float(h.max())) * (1.0 + damping)
+    b = 0.5 * np.concatenate([p.gu[S], p.gd[F]])
+    ones_u = np.zeros(b.size)
+    ones_u[:nS] = 1.0
+    ones_d = 1.0 - ones_u
+
+    def hess(x: np.ndarray) -> np.ndarray:
+        du, dd = np.zeros(u.size), np.zeros(d.size)
+        du[S], dd[F] = x[:nS], x[nS:]
+        a, e = p.hess_vec(du, dd)
+        return -0.5 * np.concatenate([a[S], e[F]]) + (damping / (1.0 + damping)) * h * x
+
+    def precondition(r: np.ndarray) -> np.ndarray:  # Jacobi, then projection on sum(du) = sum(dd) = 0
+        z = r / h
+        for a in (ones_u, ones_d):
+            z -= (a / h) * (a @ z) / float(a @ (a / h))
+        return z
+
+    x = np.zeros_like(b)
+    r = b.copy()
+    z = precondition(r)
+    q = z.copy()
+    rz = rz0 = float(r @ z)
+    steps = 0
+    while steps < max_cg and rz > eta * eta * rz0:
+        Hq = hess(q)
+        steps += 1
+        curv = float(q @ Hq)
+        if not curv > 0.0:
+            break
+        x += (rz / curv) * q
+        r -= (rz / curv) * Hq
+        z = precondition(r)
+        rz_new = float(r @ z)
+        if rz_new > 1e4 * rz0:
+            break
+        q = z + (rz_new / rz) * q
+        rz = rz_new
+    du, dd = -u.copy(), -d.copy()
+    du[S], dd[F] = x[:nS], x[nS:]
+    return du, dd, ~S
