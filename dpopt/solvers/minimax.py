@@ -15,24 +15,23 @@ functions linear in u) and 1-homogeneous, with supergradient g_i = Var_i(X*(u)) 
 optimum X*(u), so F(u) = u . g. Every outer iterate therefore gives two certified numbers:
 
 - LOWER: the inner solver's dual bound at u, a lower bound on F(u) <= OPT whatever u is;
-- UPPER: s(X) of any feasible X (diag X <= 1), here the inner primal point and a running average.
+- UPPER: s(X) of any feasible X (diag X <= 1), here the inner primal point.
 
-Outer method: exponentiated-gradient ascent on u,
+Outer method. While the gap is above `newton_gap` (5%): exponentiated-gradient ascent on u,
 
     u <- u * exp(p (g / (u . g) - 1)),  renormalised,
 
 with an adaptive step p (x1.5 after a step that raises the inner dual bound, halved and retried
-otherwise), each inner solve warm-started from the previous multipliers d (usually 0-2 Newton
-iterations). The lower bound converges fast (its error is second order in u - u*); the upper bound
-of the inner point X*(u) alone is first order in u - u* and oscillates on the active queries, so the
-upper bound also uses the exponentially weighted average of the inner points (weight `averaging` on
-the past), which is feasible because diag(X) <= 1 is convex and, Var_i being convex in X, damps those
-oscillations: on AllRange(16) (375 iterations, 592 inner solves to a 1e-6 gap) the averaged X was
-within 9e-7 of the optimum when the best inner point was still 1.3e-5 above it. The uniform (ergodic) average was measured and not used: it keeps the early, poor iterates and
-stalled near 1e-3. At an optimal u* with G_{u*} nonsingular the inner optimum is unique and is then the
-minimax strategy, so both candidates converge to it. Convergence is first order: Prefix(16) needs 15
-iterations, AllRange(16) 375; non-uniform targets can stall the ascent (Prefix(12) with c in [1, 3]
-stopped at a 3.8e-4 gap).
+otherwise), each inner solve warm-started from the previous multipliers d. Its lower bound converges
+fast (second order in u - u*) but the upper bound of X*(u) only at first order: AllRange(64) took 840
+iterations to a 1e-6 gap. Below 5%: projected Newton-CG on the joint dual over (u, d)
+(`minimax_newton`), a step accepted under the same ascent test (with the inner gap as slack, the
+noise of the inner bound), an exponentiated-gradient step when it fails. Single runs, one BLAS
+thread, gap 1e-6: AllRange(64) 12 iterations (0.14 s against 8.1 s), AllRange(256) 16 (6.5 s; 120 s
+reached only 4.1e-6 before). A running average of the inner points, once needed to damp the upper
+bound's oscillation, no longer changed any run and was removed. Non-uniform targets can leave queries
+inactive at the optimum with G_{u*} singular, where X*(u) does not determine their variance:
+Prefix(12) with c in [1, 3] (seed 1) stops at a 4.4e-6 gap.
 
 Variances in the row space. For a singular Gram (rank-deficient W: WidthK, WRange with m < n,
 marginals without the full table) the sum optimum is singular (rank k = rank W, range = W's row
@@ -273,7 +272,6 @@ def solve_minimax(
     time_limit: float | None = None,
     inner_tol: float | None = None,
     step: float = 1.0,
-    averaging: float = 0.8,
     newton_gap: float = 0.05,
     callback: Callable[[dict[str, Any]], bool | None] | None = None,
 ) -> SolverResult:
@@ -286,20 +284,21 @@ def solve_minimax(
     inner_tol: the tightest relative gap asked of an inner sum solve (default 1e-12); the gap asked
         follows the outer gap (`_INNER_GAP_FACTOR`): a fixed 1e-8 slowed Prefix(16) from 15 to 687
         iterations, a fixed 1e-12 spends most inner Newton steps below the round-off floor.
-    step: initial exponentiated-gradient step p; averaging: weight of the past in the averaged strategy.
+    step: initial exponentiated-gradient step p; newton_gap: the gap below which Newton steps are tried
+        (0 turns them off).
     callback: called per iteration with nit, fun (upper), dual_bound (lower), gap, u; True stops.
 
     Returns a SolverResult: x = X (n, n) with diag(X) <= 1, fun = its max_i Var_i / c_i (the upper
     bound), dual_bound = the best certified lower bound, gap = relative gap. extra: "u" (query weights
     of the best lower bound), "variances" (Var_i(X), unweighted), "d" (inner multipliers), "R" and
     "basis" (X = U R^T R U^T with U = basis, None for I; the variances are computed from R),
-    "upper_source" ("inner" or "average"), "inner_solves", "history".
+    "inner_solves", "newton_solves" (inner solves at Newton trial points), "history".
     """
     t_wall, t_cpu = time.perf_counter(), time.process_time()
     if not (math.isfinite(tol) and tol > 0):
         raise ValueError(f"tol must be a positive finite number; got {tol!r}")
-    if not (0.0 <= averaging < 1.0):
-        raise ValueError(f"averaging must lie in [0, 1); got {averaging!r}")
+    if not (math.isfinite(newton_gap) and newton_gap >= 0):
+        raise ValueError(f"newton_gap must be a finite number >= 0; got {newton_gap!r}")
     if not (math.isfinite(step) and step > 0):
         raise ValueError(f"step must be a positive finite number; got {step!r}")
     if time_limit is not None and not time_limit > 0:
@@ -312,6 +311,7 @@ def solve_minimax(
     lam, Qg = np.linalg.eigh(rows.gram(1.0 / c))
     keep = lam > _ROW_SPACE_RTOL * lam[-1]
     U = None if keep.all() else Qg[:, keep]  # row-space basis when W is rank deficient (module docstring)
+    rank_w = int(keep.sum())
 
     def inner(u: np.ndarray, d: np.ndarray | None, gap_asked: float) -> tuple[SolverResult, np.ndarray, np.ndarray]:
         G = rows.gram(u / c)
@@ -319,7 +319,7 @@ def solve_minimax(
             d = np.maximum(d, 1e-14 * d.max())
         remaining = None if time_limit is None else max(time_limit - (time.perf_counter() - t_wall), 1e-3)
         res = solve_convex_dp(G, tol=gap_asked, x0=d, time_limit=remaining)
-        # X, X_avg and best_X below are k x k triangular factors R (strategy Gram U R^T R U^T).
+        # X and best_X below are k x k triangular factors R (strategy Gram U R^T R U^T).
         A = np.asarray(res.extra["A"], dtype=float)
         if U is not None:
             A = A[: int(res.extra["rank"])] @ U  # the uniformly scaled part, range(G) (module docstring)
@@ -330,8 +330,7 @@ def solve_minimax(
     res, X, g = inner(u, None, _INNER_TOL_MAX)
     n_solves = 1
     lower, best_u = max(float(res.dual_bound), 0.0), u
-    upper, best_X, best_var, source = float(g.max()), X, g, "inner"
-    X_avg = X.copy()
+    upper, best_X, best_var = float(g.max()), X, g
     p = float(step)
     damping, n_newton = _NEWTON_DAMPING, 0
     history: list[dict[str, float]] = []
@@ -340,19 +339,20 @@ def solve_minimax(
     def trial(u_new: np.ndarray, d_start: np.ndarray, slack: float = _ASCENT_RTOL) -> bool | None:
         """Inner solve at u_new (best bounds kept); moves there if the inner dual bound did not fall.
 
-        Returns True (moved), False (no ascent) or None (some variance infinite: a query outside range(X)).
+        Returns True (moved), False (no ascent) or None (G_u of lower rank than W: zero weights left a query
+        outside range(X), or made X singular on W's row space).
         """
-        nonlocal u, res, X, g, lower, best_u, upper, best_X, best_var, source, n_solves
+        nonlocal u, res, X, g, lower, best_u, upper, best_X, best_var, n_solves
         r2, X2, g2 = inner(u_new, d_start, gap_asked)
         n_solves += 1
         if float(r2.dual_bound) > lower:
             lower, best_u = float(r2.dual_bound), u_new
         if g2.max() < upper:
-            upper, best_X, best_var, source = float(g2.max()), X2, g2, "inner"
+            upper, best_X, best_var = float(g2.max()), X2, g2
         # A step is taken only from a converged inner solve with finite variances: a stalled one (the sum
         # solver fails on some very ill-conditioned G_u, e.g. WRange(16, 64) with one weight near 1e-6)
         # gives a wrong g, and a zero weight can leave a query outside range(X) (WidthK).
-        if not np.isfinite(g2).all():
+        if not np.isfinite(g2).all() or int(r2.extra["rank"]) < rank_w:
             return None
         if r2.status != CONVERGED:
             return False
@@ -362,13 +362,6 @@ def solve_minimax(
         return True
 
     for nit in range(max_iter + 1):
-        if nit > 0:
-            X_avg = _unit_diag(
-                _triangular_factor(np.vstack([math.sqrt(averaging) * X_avg, math.sqrt(1.0 - averaging) * X])), U
-            )
-            g_avg = factor_variances(rows, X_avg, U) / c
-            if g_avg.max() < upper:
-                upper, best_X, best_var, source = float(g_avg.max()), X_avg.copy(), g_avg, "average"
         gap = relative_gap(upper, lower)
         history.append({"nit": nit, "upper": upper, "lower": lower, "gap": gap, "step": p, "solves": n_solves})
         report = {"nit": nit, "fun": upper, "dual_bound": lower, "gap": gap, "u": u}
@@ -387,8 +380,8 @@ def solve_minimax(
             except np.linalg.LinAlgError:
                 held = None
             for t in (1.0, 0.5, 0.25) if held is not None else ():
-                # Weights the step drives below zero go to zero; if that leaves a query outside range(X)
-                # (W rank deficient, e.g. WidthK), they fall to _NEWTON_FLOOR of themselves instead.
+                # Weights the step drives below zero go to zero; if that lowers the rank of G_u (a query
+                # outside range(X)), they fall to _NEWTON_FLOOR of themselves instead.
                 for floor in (0.0, _NEWTON_FLOOR):
                     u_new = np.maximum(u + t * du, np.where(held, 0.0, floor * u))
                     n_newton += 1
@@ -424,7 +417,6 @@ def solve_minimax(
             "u": best_u,
             "variances": best_var * c,
             "d": res.extra["d"],
-            "upper_source": source,
             "R": best_X,
             "basis": U,
             "inner_solves": n_solves,

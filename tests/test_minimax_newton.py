@@ -1,0 +1,86 @@
+"""Joint-dual Newton steps of the minimax solver: derivatives against finite differences, the Jacobi
+scaling, and the certified optimum reached with and without them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dpopt.solvers.minimax import query_rows, solve_minimax
+from dpopt.solvers.minimax_newton import JointPoint, newton_direction
+from dpopt.workloads import AllRange, Prefix, WidthK, WRange
+
+EPS = np.finfo(float).eps
+# Central differences with step H (relative to each weight): truncation error about H^2 times the
+# third derivative's scale, round-off about cond * EPS / H in the gradient (cond: the spread of the
+# eigenvalues s^2 of L^T A L, which sets how accurately an eigen-decomposition gives the gradient).
+H = 1e-5
+
+
+def _point(workload, rng: np.random.Generator) -> JointPoint:
+    rows = query_rows(workload)
+    lam, Q = np.linalg.eigh(rows.gram(np.ones(rows.m)))
+    keep = lam > 1e-10 * lam[-1]
+    U = None if keep.all() else Q[:, keep]
+    u = rng.uniform(0.5, 1.5, rows.m)
+    d = rng.uniform(0.5, 1.5, rows.n)
+    return JointPoint(rows, rng.uniform(1.0, 2.0, rows.m), U, u / u.sum(), d / d.sum())
+
+
+@pytest.mark.parametrize("workload", [Prefix(16), AllRange(8), WidthK(16, 4), WRange(6, 12, seed=1)],
+                         ids=["prefix", "allrange", "widthk_rank_deficient", "wrange_rank_deficient"])
+def test_gradient_and_hessian_products_match_finite_differences(workload) -> None:
+    rng = np.random.default_rng(0)
+    p = _point(workload, rng)
+    cond = float((p.s.max() / p.s.min()) ** 2)
+    # Euler's identity for a function 1/2-homogeneous in u and in d: u . dpsi/du = d . dpsi/dd = psi / 2.
+    assert p.u @ p.gu == pytest.approx(p.psi, rel=100 * cond * EPS)
+    assert p.d @ p.gd == pytest.approx(p.psi, rel=100 * cond * EPS)
+    du, dd = rng.standard_normal(p.u.size) * p.u, rng.standard_normal(p.d.size) * p.d
+    plus = JointPoint(p.rows, p.c, p.U, p.u + H * du, p.d + H * dd)
+    minus = JointPoint(p.rows, p.c, p.U, p.u - H * du, p.d - H * dd)
+    rtol = 100 * (H * H + cond * EPS / H)
+    assert (plus.psi - minus.psi) / (2 * H) == pytest.approx(0.5 * (p.gu @ du + p.gd @ dd), rel=rtol)
+    dgu, dgd = p.hess_vec(du, dd)
+    np.testing.assert_allclose(dgu, (plus.gu - minus.gu) / (2 * H), rtol=rtol, atol=rtol * np.abs(dgu).max())
+    np.testing.assert_allclose(dgd, (plus.gd - minus.gd) / (2 * H), rtol=rtol, atol=rtol * np.abs(dgd).max())
+    # The Hessian of a concave function: symmetric and negative semidefinite.
+    du2, dd2 = rng.standard_normal(p.u.size) * p.u, rng.standard_normal(p.d.size) * p.d
+    a, b = p.hess_vec(du2, dd2)
+    scale = np.abs(dgu).max() * np.abs(du2).sum() + np.abs(dgd).max() * np.abs(dd2).sum()
+    assert du @ a + dd @ b == pytest.approx(du2 @ dgu + dd2 @ dgd, abs=100 * cond * EPS * scale)
+    assert du @ dgu + dd @ dgd <= 100 * cond * EPS * scale
+
+
+def test_jacobi_scaling_bounds_the_exact_diagonal() -> None:
+    p = _point(AllRange(8), np.random.default_rng(1))
+    hu, hd = p.hess_diag()
+    exact_u = np.array([-p.hess_vec(e, np.zeros(p.d.size))[0][i] for i, e in enumerate(np.eye(p.u.size))])
+    exact_d = np.array([-p.hess_vec(np.zeros(p.u.size), e)[1][j] for j, e in enumerate(np.eye(p.d.size))])
+    cond = float((p.s.max() / p.s.min()) ** 2)
+    np.testing.assert_allclose(hd, exact_d, rtol=100 * cond * EPS)
+    # AM-GM: 1 / (s_a + s_b) <= 1 / (2 sqrt(s_a s_b)), so the scaling is never below the exact diagonal.
+    assert (hu >= exact_u * (1 - 100 * cond * EPS)).all()
+
+
+def test_newton_direction_keeps_both_simplices_and_ascends() -> None:
+    p = _point(Prefix(12), np.random.default_rng(2))
+    du, dd, held = newton_direction(p, eta=1e-8, max_cg=200, damping=0.0)
+    # Moves within the simplices: the weights' sums do not change (held weights go to zero).
+    assert abs(du.sum()) <= 1e3 * EPS * np.abs(du).sum()
+    assert abs(dd.sum()) <= 1e3 * EPS * np.abs(dd).sum()
+    assert not held.any()  # at a random interior point no weight is near zero
+    # An ascent direction for psi.
+    assert p.gu @ du + p.gd @ dd > 0
+
+
+@pytest.mark.parametrize("workload", [AllRange(16), Prefix(16), WidthK(16, 4)], ids=["allrange", "prefix", "widthk"])
+def test_newton_and_exponentiated_gradient_certify_the_same_optimum(workload) -> None:
+    tol = 1e-6
+    newton = solve_minimax(workload, tol=tol)
+    ascent = solve_minimax(workload, tol=tol, newton_gap=0.0)
+    assert newton.status == ascent.status == "converged"
+    assert newton.extra["newton_solves"] > 0 and ascent.extra["newton_solves"] == 0
+    # Both intervals [lower, upper] are certified and contain the optimum, so they overlap.
+    assert newton.dual_bound <= ascent.fun and ascent.dual_bound <= newton.fun
+    assert newton.extra["inner_solves"] <= ascent.extra["inner_solves"]
