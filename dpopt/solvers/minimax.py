@@ -143,6 +143,10 @@ class MatrixRows:
         """w_i S w_i^T for a symmetric S (n x n)."""
         return np.einsum("ij,ij->i", self.W @ S, self.W)
 
+    def project(self, P: np.ndarray) -> np.ndarray:
+        """W P (m x k)."""
+        return self.W @ P
+
 
 class RangeRows:
     """Range queries [starts[q], ends[q]] over n cells, held as boundary pairs (module docstring)."""
@@ -173,6 +177,12 @@ class RangeRows:
     def variances(self, F: np.ndarray) -> np.ndarray:
         """w_i F F^T w_i^T, where F F^T = X^+."""
         return self.forms(F @ F.T)
+
+    def project(self, P: np.ndarray) -> np.ndarray:
+        """W P (m x k): differences of the prefix sums of P's rows at each range's boundaries."""
+        C = np.zeros((self.n + 1, P.shape[1]))
+        np.cumsum(P, axis=0, out=C[1:])
+        return C[self.hi] - C[self.lo]
 
     def forms(self, S: np.ndarray) -> np.ndarray:
         """w_i S w_i^T from Q = B S B^T (B: boundaries), Q[hi, hi] + Q[lo, lo] - 2 Q[lo, hi]."""
@@ -383,7 +393,7 @@ def solve_minimax(
                 # Weights the step drives below zero go to zero; if that lowers the rank of G_u (a query
                 # outside range(X)), they fall to _NEWTON_FLOOR of themselves instead.
                 for floor in (0.0, _NEWTON_FLOOR):
-                    u_new = np.maximum(u + t * du, np.where(held, 0.0, floor * u))
+                    u_new = np.maximum(u + t * du, np.where(held & (floor == 0.0), 0.0, floor * u))
                     n_newton += 1
                     accepted = trial(u_new / u_new.sum(), np.maximum(point.d + t * dd, 0.0), max(_ASCENT_RTOL, gap_asked))
                     if accepted is not None:
