@@ -9,8 +9,18 @@ import numpy as np
 
 
 def check_finite_matrix(M: object, what: str) -> np.ndarray:
-    """Return M as a 2-D float array with at least one row and column and only finite entries."""
-    A = np.asarray(M, dtype=float)
+    """Return M as a 2-D float array with at least one row and column and only finite entries.
+
+    M may be an array, a scipy sparse matrix or an object with a .matrix() method (a Workload).
+    """
+    if hasattr(M, "matrix") and callable(M.matrix):
+        M = M.matrix()
+    if hasattr(M, "toarray") and callable(M.toarray):
+        M = M.toarray()
+    try:
+        A = np.asarray(M, dtype=float)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{what} must be a numeric 2-D matrix; could not convert it: {exc}") from exc
     if A.ndim != 2:
         raise ValueError(f"{what} must be a 2-D matrix, got an array with {A.ndim} dimension(s)")
     if A.shape[0] == 0 or A.shape[1] == 0:

@@ -26,19 +26,12 @@ from scipy.optimize import brentq
 from dpopt.linalg import SVD_RANK_RTOL, rank_from_singular_values, svd_start
 from dpopt.solvers.l1ball import project_l1_ball_columns
 from dpopt.solvers.result import CONVERGED, FAILED, MAX_ITER, STALLED, TIME_LIMIT, SolverResult
-from dpopt.validation import check_positive_int, check_positive_number, check_time_limit
-
-
-def _as_matrix(W: Any) -> np.ndarray:
-    """W as a finite 2-D float array (accepts an ndarray or any object with a .matrix() method)."""
-    if hasattr(W, "matrix") and callable(W.matrix):
-        W = W.matrix()
-    W = np.asarray(W, dtype=float)
-    if W.ndim != 2 or W.shape[0] == 0 or W.shape[1] == 0:
-        raise ValueError(f"W must be a non-empty 2-D matrix (m x n); got shape {W.shape}")
-    if not np.isfinite(W).all():
-        raise ValueError("W must contain only finite values (found NaN or inf)")
-    return W
+from dpopt.validation import (
+    check_finite_matrix,
+    check_positive_int,
+    check_positive_number,
+    check_time_limit,
+)
 
 
 def numerical_rank(W: np.ndarray, rtol: float = SVD_RANK_RTOL) -> int:
@@ -596,7 +589,7 @@ def solve_lrm(
     (ALM iterates, before polishing).
     """
     t_wall, t_cpu = time.perf_counter(), time.process_time()
-    W = _as_matrix(W)
+    W = check_finite_matrix(W, "W")
     normW = float(np.linalg.norm(W))
     if normW == 0.0:
         raise ValueError("W must have at least one non-zero entry (the zero workload needs no noise)")
