@@ -281,9 +281,7 @@ NOISE_KINDS = ("laplace", "gaussian")
 
 def _cost_number(value: Any, what: str, *, below_one: bool = False) -> float:
     """A finite, non-negative number (and < 1 if below_one), or ValueError naming what was wrong."""
-    if isinstance(value, bool) or not isinstance(value, int | float | np.floating | np.integer):
-        raise ValueError(f"charge {what} must be a number, got {value!r}")
-    v = float(value)
+    v = check_number(value, f"charge {what}")
     if not math.isfinite(v) or v < 0 or (below_one and v >= 1):
         expected = "a finite number in [0, 1)" if below_one else "a finite number >= 0"
         raise ValueError(f"charge {what} must be {expected}, got {v}")
