@@ -205,16 +205,13 @@ def _ref_gram(module: str) -> Callable[[Instance, str], Side]:
     return run
 
 
-def _lrm_rank(W: np.ndarray) -> int:
-    sv = np.linalg.svd(W, compute_uv=False)
-    return max(1, math.ceil(1.2 * int(np.count_nonzero(sv > 1e-10 * sv[0])) - 1e-9))
-
-
 def _lrm_side(inst: Instance, fit: Callable[[np.ndarray, int], Any]) -> Side:
-    """An LRM solver's Side: fit(W, r) at r = `_lrm_rank(W)`, its objective infinite unless W = B L (to
+    """An LRM solver's Side: fit(W, default_rank(W)), its objective infinite unless W = B L (to
     LRM_RESIDUAL_RTOL), the residual and any uncertified L-step blocks (formulations.lrm) in the note."""
+    from dpopt.solvers.lrm import default_rank
+
     W = inst.W
-    res, wall, cpu = _timed(lambda: fit(W, _lrm_rank(W)))
+    res, wall, cpu = _timed(lambda: fit(W, default_rank(W)))
     f, resid = lrm_objective(*res.x, W)
     note = f"residual {resid:.1e}"
     uncertified = sum((res.extra or {}).get("uncertified_blocks", {}).values())
