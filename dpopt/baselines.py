@@ -108,7 +108,7 @@ def kron_strategy(factors: Sequence[Strategy], name: str | None = None) -> Strat
     return Strategy(A, name=name or "kron(" + ",".join(f.name for f in factors) + ")")
 
 
-def _per_dimension(workload: Workload, make: Callable[[int], Strategy], name: str) -> Strategy:
+def per_dimension(workload: Workload, make: Callable[[int], Strategy], name: str) -> Strategy:
     """make(n) for a 1-D workload; the Kronecker product of make(n_i) over a dense Kron workload's factors."""
     if isinstance(workload, Kron) and len(workload.factors) > 1:
         return kron_strategy([make(f.n) for f in workload.factors], name=name)
@@ -126,6 +126,6 @@ def baseline_strategies(workload: Workload | np.ndarray) -> dict[str, Strategy]:
             out["laplace"] = workload_strategy(w)
         except WorkloadTooLargeError:  # so does the Laplace mechanism
             pass
-    out["hierarchical"] = _per_dimension(w, lambda n: hierarchical_strategy(n, 2), "hierarchical(b=2)")
-    out["wavelet"] = _per_dimension(w, wavelet_strategy, "wavelet")
+    out["hierarchical"] = per_dimension(w, lambda n: hierarchical_strategy(n, 2), "hierarchical(b=2)")
+    out["wavelet"] = per_dimension(w, wavelet_strategy, "wavelet")
     return out

@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from dpopt.cli import _time_limit
+
 COMMANDS = ("sweep", "reproduce", "crossval")
 
 SWEEP_EPILOG = """\
@@ -121,13 +123,6 @@ def dispatch(args: argparse.Namespace) -> int:
     raise ValueError(f"unknown experiment command {args.command!r}; expected one of {', '.join(COMMANDS)}")
 
 
-def _time_limit(text: str) -> float | None:
-    """--time-limit: seconds > 0, or 'none'."""
-    from dpopt.cli import _time_limit as parse
-
-    return parse(text)
-
-
 def _check_workers(workers: int | None) -> None:
     if workers is not None and workers < 0:
         raise ValueError(f"--workers must be >= 0, got {workers}")
@@ -154,25 +149,20 @@ def _sweep(args: argparse.Namespace) -> int:
     return 0
 
 
-def _epsilons(text: str | None) -> list[float] | None:
-    """'1,0.1' -> [1.0, 0.1] (validated by the experiment)."""
+def _numbers(text: str | None, flag: str) -> list[float] | None:
+    """'1,0.1' -> [1.0, 0.1] for the option `flag` (the values are checked by the experiment)."""
     if text is None:
         return None
     try:
         return [float(t) for t in text.split(",") if t.strip()]
     except ValueError:
-        raise ValueError(f"--epsilon must be a comma-separated list of numbers, got {text!r}") from None
+        raise ValueError(f"{flag} must be a comma-separated list of numbers, got {text!r}") from None
 
 
 def _xs(text: str | None) -> list[float] | None:
     """'4096,8192' -> [4096.0, 8192.0] (checked against the experiment's points)."""
-    if text is None:
-        return None
-    try:
-        xs = [float(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise ValueError(f"--x must be a comma-separated list of numbers, got {text!r}") from None
-    if not xs:
+    xs = _numbers(text, "--x")
+    if xs == []:
         raise ValueError("--x needs at least one value")
     return xs
 
@@ -201,7 +191,7 @@ def _reproduce(args: argparse.Namespace) -> int:
     _check_workers(args.workers)
     res = reproduce(args.name, full=args.full, scale=args.scale, out=args.out, max_workers=args.workers,
                     scheduler=args.scheduler, cache=args.cache, repetitions=args.repetitions,
-                    epsilons=_epsilons(args.epsilon), max_cells=_max_cells(args.max_cells),
+                    epsilons=_numbers(args.epsilon, "--epsilon"), max_cells=_max_cells(args.max_cells),
                     use_data=not args.no_data, xs=_xs(args.xs), progress=not args.no_progress,
                     time_limit=args.time_limit)
     if args.plot and "png" in res.files:

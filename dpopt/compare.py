@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from dpopt.bounds import L2_BOUND_MAX_CELLS, certified_l2_bound
-from dpopt.mechanisms.base import MechanismError, check_time_limit
+from dpopt.mechanisms.base import MechanismError
 from dpopt.mechanisms.convergence import ConvergenceWarning
 from dpopt.mechanisms.registry import (
     BASELINE_CHECK_EIGHS,
@@ -30,6 +30,7 @@ from dpopt.mechanisms.registry import (
 )
 from dpopt.privacy import Privacy
 from dpopt.strategy import StrategyError
+from dpopt.validation import check_time_limit
 from dpopt.workloads import MAX_DENSE_ENTRIES, Workload, WorkloadTooLargeError
 
 COLUMNS = [

@@ -205,30 +205,14 @@ def _ref_gram(module: str) -> Callable[[Instance, str], Side]:
     return run
 
 
-def _lrm_rank(W: np.ndarray) -> int:
-    sv = np.linalg.svd(W, compute_uv=False)
-    return max(1, math.ceil(1.2 * int(np.count_nonzero(sv > 1e-10 * sv[0])) - 1e-9))
-
-
-def _hand_lrm(inst: Instance) -> Side:
-    from dpopt.solvers.lrm import solve_lrm
+def _lrm_side(inst: Instance, fit: Callable[[np.ndarray, int], Any]) -> Side:
+    """An LRM solver's Side: fit(W, default_rank(W)), its objective infinite unless W = B L (to
+    LRM_RESIDUAL_RTOL), the residual and any uncertified L-step blocks (formulations.lrm) in the note."""
+    from dpopt.solvers.lrm import default_rank
 
     W = inst.W
-    res, wall, cpu = _timed(lambda: solve_lrm(W, rank=_lrm_rank(W), gamma=0.0, seed=0))
-    B, L = res.x
-    f, resid = lrm_objective(B, L, W)
-    note = f"residual {resid:.1e}"
-    return Side(f if resid <= LRM_RESIDUAL_RTOL else math.inf, float(res.fun), str(res.status), wall, cpu,
-                int(res.nit), note)
-
-
-def _ref_lrm(inst: Instance, solver: str) -> Side:
-    from formulations.lrm import fit
-
-    W = inst.W
-    res, wall, cpu = _timed(lambda: fit(W, r=_lrm_rank(W), gamma=0.0, solver=solver, seed=0))
-    B, L = res.x
-    f, resid = lrm_objective(B, L, W)
+    res, wall, cpu = _timed(lambda: fit(W, default_rank(W)))
+    f, resid = lrm_objective(*res.x, W)
     note = f"residual {resid:.1e}"
     uncertified = sum((res.extra or {}).get("uncertified_blocks", {}).values())
     if uncertified:  # blocks whose own optimality bound stayed above rtol |J| (formulations.lrm)
@@ -236,6 +220,18 @@ def _ref_lrm(inst: Instance, solver: str) -> Side:
         note += f"; {uncertified} of {res.extra['n_blocks']} blocks above rtol, worst {worst:.1e} |J|"
     return Side(f if resid <= LRM_RESIDUAL_RTOL else math.inf, float(res.fun), str(res.status), wall, cpu,
                 int(res.nit), note)
+
+
+def _hand_lrm(inst: Instance) -> Side:
+    from dpopt.solvers.lrm import solve_lrm
+
+    return _lrm_side(inst, lambda W, r: solve_lrm(W, rank=r, gamma=0.0, seed=0))
+
+
+def _ref_lrm(inst: Instance, solver: str) -> Side:
+    from formulations.lrm import fit
+
+    return _lrm_side(inst, lambda W, r: fit(W, r=r, gamma=0.0, solver=solver, seed=0))
 
 
 # Clarabel on the n x n semidefinite models took 230 s and 3.6 GB at n = 64 and ran out of memory at n = 128.

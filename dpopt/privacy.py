@@ -19,6 +19,8 @@ from functools import cached_property
 import numpy as np
 from scipy.special import log_ndtr
 
+from dpopt.validation import check_number, check_positive_number
+
 CALIBRATIONS = ("classic", "analytic")
 #: The one default calibration of the library and of every command: the seeds' classic Gaussian sigma, so the
 #: papers' numbers reproduce; "analytic" (Balle and Wang 2018) on request. Releases always draw OpenDP's
@@ -36,12 +38,8 @@ class Privacy:
 
     def __post_init__(self) -> None:
         eps, delta = self.epsilon, self.delta
-        if isinstance(eps, bool) or not isinstance(eps, (int, float, np.floating, np.integer)):
-            raise ValueError(f"epsilon must be a number, got {eps!r}")
-        if not math.isfinite(eps) or eps <= 0:
-            raise ValueError(f"epsilon must be a finite number > 0, got {eps}")
-        if isinstance(delta, bool) or not isinstance(delta, (int, float, np.floating, np.integer)):
-            raise ValueError(f"delta must be a number, got {delta!r}")
+        check_positive_number(eps, "epsilon")
+        check_number(delta, "delta")
         if not math.isfinite(delta) or not 0.0 <= delta < 1.0:
             raise ValueError(f"delta must lie in [0, 1), got {delta}")
         if self.calibration not in CALIBRATIONS:

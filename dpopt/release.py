@@ -63,7 +63,7 @@ from dpopt.data import Domain, Records, data_vector
 from dpopt.error import _row_sq_norms, answers_through
 from dpopt.privacy import Perturb, Privacy, gaussian_delta
 from dpopt.queries import DomainMismatchError, check_domain
-from dpopt.validation import check_finite_vector
+from dpopt.validation import check_finite_vector, check_number, check_positive_number
 
 __all__ = [
     "RELEASE",
@@ -130,14 +130,6 @@ def _values(values: np.ndarray) -> list[float]:
     return v.tolist()
 
 
-def _check_scale(scale: float, what: str) -> float:
-    if isinstance(scale, bool) or not isinstance(scale, int | float | np.floating | np.integer):
-        raise ValueError(f"{what} must be a number, got {scale!r}")
-    if not math.isfinite(scale) or scale <= 0:
-        raise ValueError(f"{what} must be a finite number > 0, got {scale}")
-    return float(scale)
-
-
 def _laplace_measurement(scale: float) -> Any:
     dp = require_opendp()
     space = dp.vector_domain(dp.atom_domain(T=float, nan=False)), dp.l1_distance(T=float)
@@ -154,14 +146,14 @@ def _gaussian_measurement(sigma: float) -> Any:
 # which draws release noise only inside ``release`` after the ledger has been charged.
 def _secure_laplace(values: np.ndarray, scale: float) -> np.ndarray:
     """values + Laplace(0, scale) noise per entry, drawn by OpenDP (shape of values, (r,))."""
-    scale = _check_scale(scale, "Laplace scale")
+    scale = check_positive_number(scale, "Laplace scale")
     v = _values(values)
     return np.asarray(_laplace_measurement(scale)(v), dtype=float)
 
 
 def _secure_gaussian(values: np.ndarray, sigma: float) -> np.ndarray:
     """values + N(0, sigma^2) noise per entry, drawn by OpenDP (shape of values, (r,))."""
-    sigma = _check_scale(sigma, "Gaussian sigma")
+    sigma = check_positive_number(sigma, "Gaussian sigma")
     v = _values(values)
     return np.asarray(_gaussian_measurement(sigma)(v), dtype=float)
 
@@ -205,7 +197,7 @@ def certified_gaussian_sigma(sens2: float, epsilon: float, delta: float) -> floa
     prove it for its measurement.  Bisection on log sigma, starting from the Bun-Steinke sigma
     sens2 / sqrt(2 zcdp_budget(epsilon, delta)), which OpenDP's tighter conversion certifies.
     """
-    sens2 = _check_scale(sens2, "L2 sensitivity")
+    sens2 = check_positive_number(sens2, "L2 sensitivity")
     if not (math.isfinite(epsilon) and epsilon > 0) or not 0 < delta < 1:
         raise ValueError(f"need epsilon > 0 and 0 < delta < 1, got {epsilon}, {delta}")
     return _certified_gaussian_sigma(sens2, float(epsilon), float(delta))
@@ -255,8 +247,8 @@ def least_certified_epsilon(sigma: float, sens2: float, delta: float) -> float:
     `certified_gaussian_sigma` returns at most sigma (its search overshoots by SIGMA_RTOL at most), and at
     any smaller epsilon OpenDP certifies no sigma that small (its epsilon decreases as sigma grows).
     """
-    sigma = _check_scale(sigma, "Gaussian sigma")
-    sens2 = _check_scale(sens2, "L2 sensitivity")
+    sigma = check_positive_number(sigma, "Gaussian sigma")
+    sens2 = check_positive_number(sens2, "L2 sensitivity")
     if not 0 < delta < 1:
         raise ValueError(f"delta must lie in (0, 1), got {delta}")
     return float(_gaussian_certificate(sigma * (1.0 - 2.0 * SIGMA_RTOL), sens2, float(delta))[2])
@@ -289,9 +281,7 @@ NOISE_KINDS = ("laplace", "gaussian")
 
 def _cost_number(value: Any, what: str, *, below_one: bool = False) -> float:
     """A finite, non-negative number (and < 1 if below_one), or ValueError naming what was wrong."""
-    if isinstance(value, bool) or not isinstance(value, int | float | np.floating | np.integer):
-        raise ValueError(f"charge {what} must be a number, got {value!r}")
-    v = float(value)
+    v = check_number(value, f"charge {what}")
     if not math.isfinite(v) or v < 0 or (below_one and v >= 1):
         expected = "a finite number in [0, 1)" if below_one else "a finite number >= 0"
         raise ValueError(f"charge {what} must be {expected}, got {v}")
@@ -345,14 +335,8 @@ class PrivacyLedger:
         total_delta: float = 0.0,
         accounting: Literal["basic", "zcdp"] = "basic",
     ) -> None:
-        if isinstance(total_epsilon, bool) or not isinstance(total_epsilon, int | float | np.floating
-                                                              | np.integer):
-            raise ValueError(f"total_epsilon must be a number, got {total_epsilon!r}")
-        if not math.isfinite(total_epsilon) or total_epsilon <= 0:
-            raise ValueError(f"total_epsilon must be a finite number > 0, got {total_epsilon}")
-        if isinstance(total_delta, bool) or not isinstance(total_delta, int | float | np.floating
-                                                            | np.integer):
-            raise ValueError(f"total_delta must be a number, got {total_delta!r}")
+        check_positive_number(total_epsilon, "total_epsilon")
+        check_number(total_delta, "total_delta")
         if not math.isfinite(total_delta) or not 0 <= total_delta < 1:
             raise ValueError(f"total_delta must lie in [0, 1), got {total_delta}")
         if accounting not in ("basic", "zcdp"):

@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import numpy as np
 
 
 def check_finite_matrix(M: object, what: str) -> np.ndarray:
-    """Return M as a 2-D float array with at least one row and column and only finite entries."""
-    A = np.asarray(M, dtype=float)
+    """Return M as a 2-D float array with at least one row and column and only finite entries.
+
+    M may be an array, a scipy sparse matrix or an object with a .matrix() method (a Workload).
+    """
+    if hasattr(M, "matrix") and callable(M.matrix):
+        M = M.matrix()
+    if hasattr(M, "toarray") and callable(M.toarray):
+        M = M.toarray()
+    try:
+        A = np.asarray(M, dtype=float)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{what} must be a numeric 2-D matrix; could not convert it: {exc}") from exc
     if A.ndim != 2:
         raise ValueError(f"{what} must be a 2-D matrix, got an array with {A.ndim} dimension(s)")
     if A.shape[0] == 0 or A.shape[1] == 0:
@@ -39,6 +50,32 @@ def check_positive_int(v: object, what: str) -> int:
     return int(v)
 
 
+def check_number(v: object, what: str) -> float:
+    """Return v as a float; v must be a real number (Python's or numpy's), not a bool."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        raise ValueError(f"{what} must be a number, got {v!r}")
+    return float(v)
+
+
+def check_positive_number(v: object, what: str) -> float:
+    """Return v as a float; v must be a finite real number > 0."""
+    x = check_number(v, what)
+    if not math.isfinite(x) or x <= 0:
+        raise ValueError(f"{what} must be a finite number > 0, got {v}")
+    return x
+
+
+def check_time_limit(time_limit: object) -> float | None:
+    """time_limit as a float of seconds > 0, or None; anything else raises ValueError."""
+    if time_limit is None:
+        return None
+    if isinstance(time_limit, bool) or not isinstance(time_limit, numbers.Real) or not (
+        math.isfinite(time_limit) and time_limit > 0
+    ):
+        raise ValueError(f"time_limit must be None or a finite number of seconds > 0; got {time_limit!r}")
+    return float(time_limit)
+
+
 def as_generator(seed: int | np.random.Generator | None) -> np.random.Generator:
     """A numpy Generator from a seed, an existing Generator (used as is) or None (fresh entropy)."""
     if isinstance(seed, np.random.Generator):
@@ -66,7 +103,7 @@ def check_gram(G: np.ndarray, *, name: str = "G", sym_rtol: float = 1e-10, allow
         raise ValueError(f"{name} must contain only finite values (found NaN or inf)")
     scale = float(np.max(np.abs(G)))
     if scale == 0.0 and not allow_zero:
-        raise ValueError(f"{name} is the zero matrix; the workload must have at least one nonzero query")
+        raise ValueError(f"{name} is the zero matrix; it must be non-zero (the workload needs a non-zero query)")
     asym = float(np.max(np.abs(G - G.T)))
     if asym > sym_rtol * scale:
         raise ValueError(

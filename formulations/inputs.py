@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import scipy.sparse as sp
 
+from dpopt.validation import check_finite_matrix
 from dpopt.workloads import Workload
 
 ZERO_COLUMN_POLICIES = ("error", "drop")
@@ -63,18 +63,6 @@ def _check_zero_columns_policy(zero_columns: str) -> None:
         raise ValueError(f"zero_columns must be one of {ZERO_COLUMN_POLICIES}, got {zero_columns!r}")
 
 
-def _finite_2d(M: object, what: str) -> np.ndarray:
-    if sp.issparse(M):
-        M = M.toarray()
-    A = np.asarray(M, dtype=float)
-    if A.ndim != 2 or A.shape[0] == 0 or A.shape[1] == 0:
-        raise ValueError(f"{what} must be a non-empty 2-D matrix, got shape {A.shape}")
-    if not np.all(np.isfinite(A)):
-        bad = int(A.size - np.count_nonzero(np.isfinite(A)))
-        raise ValueError(f"{what} has {bad} NaN or infinite entries; expected only finite numbers")
-    return A
-
-
 def _restrict(G: np.ndarray, name: str, zero_columns: str, log_scale: float) -> GramData:
     """Drop or refuse the zero columns of a validated Gram matrix."""
     n = G.shape[0]
@@ -106,11 +94,11 @@ def gram_data(workload_or_gram: Workload | np.ndarray, *, zero_columns: str = "e
     _check_zero_columns_policy(zero_columns)
     if isinstance(workload_or_gram, Workload):
         name = workload_or_gram.name
-        G = _finite_2d(workload_or_gram.gram(), f"Gram matrix of workload {name}")
+        G = check_finite_matrix(workload_or_gram.gram(), f"Gram matrix of workload {name}")
         log_scale = float(workload_or_gram.gram_log_scale)
     else:
         name = "gram"
-        G = _finite_2d(workload_or_gram, "Gram matrix W^T W")
+        G = check_finite_matrix(workload_or_gram, "Gram matrix W^T W")
         log_scale = 0.0
         if G.shape[0] != G.shape[1]:
             raise ValueError(
@@ -140,10 +128,10 @@ def workload_matrix(
     _check_zero_columns_policy(zero_columns)
     if isinstance(workload, Workload):
         name = workload.name
-        W = _finite_2d(workload.matrix(), f"workload {name}")
+        W = check_finite_matrix(workload.matrix(), f"workload {name}")
     else:
         name = "explicit"
-        W = _finite_2d(workload, "workload matrix W")
+        W = check_finite_matrix(workload, "workload matrix W")
     data = _restrict(W.T @ W, name, zero_columns, 0.0)
     return W[:, data.kept], data
 

@@ -64,7 +64,6 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any
 
 import cvxpy as cp
 import numpy as np
@@ -72,7 +71,7 @@ import numpy as np
 from dpopt.linalg import svd_start
 from dpopt.solvers.result import CONVERGED, MAX_ITER, STALLED, TIME_LIMIT, SolverResult
 from dpopt.strategy import Strategy
-from dpopt.validation import as_generator
+from dpopt.validation import as_generator, check_positive_int, check_positive_number
 from dpopt.workloads import Workload
 from formulations.inputs import workload_matrix
 from formulations.model import Model
@@ -191,13 +190,6 @@ def refit_lower_bound(W: np.ndarray, L: np.ndarray, gamma: float, B: np.ndarray)
     return float(np.sum(B_lam * B_lam)) + lam * (float(np.sum(R_lam * R_lam)) - gamma**2)
 
 
-def _check_positive(name: str, value: Any, integer: bool = False) -> None:
-    ok = isinstance(value, (int, np.integer)) if integer else isinstance(value, (int, float))
-    if isinstance(value, bool) or not ok or not math.isfinite(value) or value <= 0:
-        kind = "a positive integer" if integer else "a finite number > 0"
-        raise ValueError(f"{name} must be {kind}, got {value!r}")
-
-
 def fit(
     workload: Workload | np.ndarray,
     *,
@@ -238,9 +230,9 @@ def fit(
     if not (isinstance(gamma, (int, float)) and math.isfinite(gamma) and gamma >= 0):
         raise ValueError(f"gamma must be a finite number >= 0, got {gamma!r}")
     for name, v in (("max_outer", max_outer), ("max_inner", max_inner), ("beta_double_every", beta_double_every)):
-        _check_positive(name, v, integer=True)
+        check_positive_int(v, name)
     for name, v in (("rtol", rtol), ("beta0", beta0), ("beta_max", beta_max)):
-        _check_positive(name, v)
+        check_positive_number(v, name)
     if l_step_scale not in ("auto", "sqrt_beta", "unit"):
         raise ValueError(f"l_step_scale must be 'auto', 'sqrt_beta' or 'unit', got {l_step_scale!r}")
     if l_step_scale == "auto":
@@ -258,7 +250,7 @@ def fit(
         B = W @ np.linalg.pinv(L)
     else:
         r = max(1, math.ceil(1.2 * rank - 1e-9)) if r is None else r
-        _check_positive("r", r, integer=True)
+        check_positive_int(r, "r")
         B, L = svd_start(W, int(r), as_generator(seed))
     normW = float(np.linalg.norm(W))
 

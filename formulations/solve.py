@@ -21,6 +21,7 @@ import cvxpy as cp
 from cvxpy.error import SolverError
 
 from dpopt.strategy import Strategy
+from dpopt.validation import check_positive_number, check_time_limit
 from formulations.model import Model
 
 # SCS stops at this many iterations unless told otherwise (its own default, 1e5, is too few for the
@@ -116,12 +117,8 @@ def solver_options(solver: str, tol: float, time_limit: float | None) -> tuple[d
     Other solvers run with their defaults; the returned notes say so.
     """
     name = resolve_solver(solver)
-    if not (isinstance(tol, (int, float)) and math.isfinite(tol) and tol > 0):
-        raise ValueError(f"tol must be a finite number > 0, got {tol!r}")
-    if time_limit is not None and not (
-        isinstance(time_limit, (int, float)) and math.isfinite(time_limit) and time_limit > 0
-    ):
-        raise ValueError(f"time_limit must be None or a finite number of seconds > 0, got {time_limit!r}")
+    check_positive_number(tol, "tol")
+    check_time_limit(time_limit)
     opts: dict[str, Any] = {}
     notes: list[str] = []
     if name == "CLARABEL":

@@ -26,7 +26,7 @@ from dpopt.kron_strategy import KronStrategy
 from dpopt.privacy import Perturb, Privacy, research_perturb
 from dpopt.solvers.result import MIN_SOLVER_SECONDS, Selection
 from dpopt.strategy import Strategy, StrategyError
-from dpopt.validation import check_finite_vector
+from dpopt.validation import check_finite_vector, check_time_limit
 from dpopt.workloads import (
     MAX_DENSE_ENTRIES,
     Kron,
@@ -81,17 +81,6 @@ class FitBudget:
 
 # The budget of the fits running in this context (see `fit_budget`).
 _BUDGET: ContextVar[FitBudget] = ContextVar("dpopt_fit_budget", default=FitBudget())  # noqa: B039 (frozen)
-
-
-def check_time_limit(time_limit: Any) -> float | None:
-    """time_limit as a float of seconds > 0, or None; anything else raises ValueError."""
-    if time_limit is None:
-        return None
-    if isinstance(time_limit, bool) or not isinstance(time_limit, numbers.Real) or not (
-        math.isfinite(time_limit) and time_limit > 0
-    ):
-        raise ValueError(f"time_limit must be None or a finite number of seconds > 0; got {time_limit!r}")
-    return float(time_limit)
 
 
 @contextmanager

@@ -2,26 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from dpopt.baselines import (
     hierarchical_strategy,
     identity_strategy,
-    kron_strategy,
+    per_dimension,
     wavelet_strategy,
     workload_strategy,
 )
 from dpopt.mechanisms.base import Mechanism, Selection
 from dpopt.privacy import Privacy
-from dpopt.strategy import Strategy
-from dpopt.workloads import Kron, Workload
-
-
-def _per_dimension(workload: Workload, make: Callable[[int], Strategy], name: str) -> Strategy:
-    """make(n) for a 1-D workload; the Kronecker product of make(n_i) over a Kron workload's factors."""
-    if isinstance(workload, Kron) and len(workload.factors) > 1:
-        return kron_strategy([make(f.n) for f in workload.factors], name=name)
-    return make(workload.n)
+from dpopt.workloads import Workload
 
 
 class _KroneckerBaseline(Mechanism):
@@ -65,7 +55,7 @@ class HierarchicalMechanism(_KroneckerBaseline):
 
     def _select(self, workload: Workload, privacy: Privacy) -> Selection:
         name = f"hierarchical(b={self.branching})"
-        return Selection(_per_dimension(workload, lambda n: hierarchical_strategy(n, self.branching), name))
+        return Selection(per_dimension(workload, lambda n: hierarchical_strategy(n, self.branching), name))
 
 
 class WaveletMechanism(_KroneckerBaseline):
@@ -74,4 +64,4 @@ class WaveletMechanism(_KroneckerBaseline):
     short_name = "wavelet"
 
     def _select(self, workload: Workload, privacy: Privacy) -> Selection:
-        return Selection(_per_dimension(workload, wavelet_strategy, "wavelet"))
+        return Selection(per_dimension(workload, wavelet_strategy, "wavelet"))

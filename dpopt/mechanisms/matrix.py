@@ -399,15 +399,9 @@ class MatrixMechanism(Mechanism):
         except (FormulationError, ValueError) as exc:
             raise MechanismError(f"{self.short_name}: CVXPY model for {kind!r} failed: {exc}") from None
         assert res.strategy is not None
-        out = SolverResult(
-            x=res.strategy.gram,
-            fun=res.objective,
-            status=MAX_ITER if res.inaccurate else CONVERGED,
-            message=f"{res.solver}: {res.status}",
-            nit=int(res.iterations or 0),
-            wall_seconds=time.perf_counter() - t0,
-            cpu_seconds=time.process_time() - c0,
-            dual_bound=res.dual_objective,
+        out = SolverResult.since(
+            t0, c0, x=res.strategy.gram, fun=res.objective, status=MAX_ITER if res.inaccurate else CONVERGED,
+            message=f"{res.solver}: {res.status}", nit=int(res.iterations or 0), dual_bound=res.dual_objective,
             gap=res.gap,
         )
         return out, f"cvxpy:{res.solver}"

@@ -12,12 +12,12 @@ from typing import TextIO
 import pandas as pd
 
 from dpopt.experiments import Task, run_sweep
-from dpopt.mechanisms.base import check_time_limit
 from dpopt.reproduce.experiment import Experiment, Reproduction, check_scale
 from dpopt.reproduce.lrm_figures import lrm_experiments
 from dpopt.reproduce.om_figures import om_experiments
 from dpopt.reproduce.summary import figure_summary, pivot, plot_figure, usable
 from dpopt.reproduce.table2 import TABLE2_STRATEGIES, make_table2
+from dpopt.validation import check_time_limit
 
 
 def _registry() -> dict[str, Experiment]:

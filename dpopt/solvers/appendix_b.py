@@ -57,6 +57,7 @@ from dpopt.solvers.result import (
     SolverResult,
     relative_gap,
 )
+from dpopt.validation import check_gram, check_positive_int, check_positive_number, check_time_limit
 
 #: spg status when the caller's stopping test (not the projected-gradient test) ended the run.
 STOPPED = "stopped"
@@ -203,22 +204,14 @@ class RangeSpace:
         return float(dm.max()) * t, dual_bound_from_factor(self.V, w), w
 
 def _check_G(G: Any) -> np.ndarray:
+    """G (or a workload's .gram()) checked by `check_gram`, and positive semidefinite to round-off."""
     if hasattr(G, "gram") and callable(G.gram):
         G = G.gram()
-    G = np.asarray(G, dtype=float)
-    if G.ndim != 2 or G.shape[0] != G.shape[1] or G.shape[0] == 0:
-        raise ValueError(f"G must be a square n x n Gram matrix W^T W; got shape {G.shape}")
-    if not np.isfinite(G).all():
-        raise ValueError("G must contain only finite values (found NaN or inf)")
-    scale = max(1.0, float(np.abs(G).max()))
-    if np.abs(G - G.T).max() > 1e-10 * scale:
-        raise ValueError("G must be symmetric (G = W^T W)")
-    lam_min = float(np.linalg.eigvalsh(0.5 * (G + G.T)).min())
-    if lam_min < -1e-9 * scale:
+    G = check_gram(G)
+    lam_min = float(np.linalg.eigvalsh(G).min())
+    if lam_min < -1e-9 * max(1.0, float(np.abs(G).max())):
         raise ValueError(f"G must be positive semidefinite; smallest eigenvalue is {lam_min:.3e}")
-    if not np.any(G):
-        raise ValueError("G must be non-zero")
-    return 0.5 * (G + G.T)
+    return G
 
 
 def spg(
@@ -384,17 +377,12 @@ def solve_appendix_b(
     if mu is None:
         mu = gap_tol / (2.0 * math.log(n)) if n >= 2 else gap_tol / 2.0
     for name, val in (("mu", mu), ("mu_start", mu_start), ("tol", tol), ("floor", floor)):
-        if isinstance(val, bool) or not isinstance(val, int | float) or not (
-            np.isfinite(val) and val > 0
-        ):
-            raise ValueError(f"{name} must be a finite number > 0; got {val!r}")
+        check_positive_number(val, name)
     if floor >= 1.0:
         raise ValueError(f"floor must be < 1 (M has trace n); got {floor!r}")
     for name, val in (("max_iter", max_iter), ("memory", memory), ("check_every", check_every)):
-        if isinstance(val, bool) or not isinstance(val, int) or val < 1:
-            raise ValueError(f"{name} must be a positive integer; got {val!r}")
-    if time_limit is not None and not (isinstance(time_limit, int | float) and time_limit > 0):
-        raise ValueError(f"time_limit must be None or a number of seconds > 0; got {time_limit!r}")
+        check_positive_int(val, name)
+    check_time_limit(time_limit)
 
     sp = RangeSpace(G, rank_tol)
     if x0 is None:

@@ -38,6 +38,7 @@ import numpy as np
 from dpopt.solvers.convex_dp_core import (
     RANK_TOL,
     check_multipliers,
+    check_newton_options,
     dual_bound_from_factor,
     objective_from_factor,
     range_factor,
@@ -149,36 +150,26 @@ def solve_convex_dp(
     """
     if method not in _METHODS:
         raise ValueError(f"method must be one of {_METHODS}; got {method!r}")
-    if not (np.isfinite(tol) and tol > 0):
-        raise ValueError(f"tol must be a positive finite number; got {tol!r}")
-    if not (0 < forcing < 1):
-        raise ValueError(f"forcing must lie in (0, 1); got {forcing!r}")
+    dual = method == "dual"
+    max_iter = (100 if dual else 300) if max_iter is None else int(max_iter)
+    max_cg = (200 if dual else 100) if max_cg is None else int(max_cg)
+    check_newton_options(tol, forcing, max_iter, max_cg, damping if dual else 0.0)
     if time_limit is not None and not time_limit > 0:
         raise ValueError(f"time_limit must be positive seconds or None; got {time_limit!r}")
+    if not dual and not (np.isfinite(theta) and theta > 0):
+        raise ValueError(f"theta must be a positive finite number; got {theta!r}")
     G, c = unit_scale(check_gram(G))
     full = method == "primal" or (x0 is not None and np.ndim(x0) == 2)  # V_full only for these
     V, V_full, _ = range_factor(G, rank_tol=rank_tol, full=full)
     start = None if x0 is None else _check_start(x0, G, V_full, method, c)
     callback = unscaled_callback(callback, c)
-    if method == "dual":
-        if not (np.isfinite(damping) and damping >= 0):
-            raise ValueError(f"damping must be a finite number >= 0; got {damping!r}")
-        max_iter = 100 if max_iter is None else int(max_iter)
-        max_cg = 200 if max_cg is None else int(max_cg)
-        if max_iter < 0 or max_cg < 1:
-            raise ValueError(f"max_iter must be >= 0 and max_cg >= 1; got {max_iter}, {max_cg}")
+    if dual:
         d0 = svdb_multipliers(V) if start is None else start
         del G, V_full  # the dual ascent needs only V
         res = solve_dual(V, tol=tol, max_iter=max_iter, forcing=forcing, max_cg=max_cg, d0=d0,
                          active_tol=active_tol, damping=damping, callback=callback, time_limit=time_limit)
         res.extra["decompositions"]["eigh"] += 1  # G's, in range_factor
         return undo_unit_scale(res, c)
-    max_iter = 300 if max_iter is None else int(max_iter)
-    max_cg = 100 if max_cg is None else int(max_cg)
-    if max_iter < 0 or max_cg < 1:
-        raise ValueError(f"max_iter must be >= 0 and max_cg >= 1; got {max_iter}, {max_cg}")
-    if not (np.isfinite(theta) and theta > 0):
-        raise ValueError(f"theta must be a positive finite number; got {theta!r}")
     res = solve_primal(G, V, V_full, tol=tol, max_iter=max_iter, forcing=forcing, max_cg=max_cg,
                        X0=start, theta=theta, callback=callback, time_limit=time_limit)
     return undo_unit_scale(res, c)

@@ -71,6 +71,18 @@ def range_factor(
     return V, None, lam
 
 
+def check_newton_options(tol: float, forcing: float, max_iter: int, max_cg: int, damping: float) -> None:
+    """Refuse tol not finite and > 0, forcing outside (0, 1), max_iter < 0, max_cg < 1, damping not finite >= 0."""
+    if not (np.isfinite(tol) and tol > 0):
+        raise ValueError(f"tol must be a positive finite number; got {tol!r}")
+    if not (0 < forcing < 1):
+        raise ValueError(f"forcing must lie in (0, 1); got {forcing!r}")
+    if max_iter < 0 or max_cg < 1:
+        raise ValueError(f"max_iter must be >= 0 and max_cg >= 1; got {max_iter}, {max_cg}")
+    if not (np.isfinite(damping) and damping >= 0):
+        raise ValueError(f"damping must be a finite number >= 0; got {damping!r}")
+
+
 def check_multipliers(d: np.ndarray, n: int) -> np.ndarray:
     """Validate dual multipliers d (n,), d >= 0 finite and not all zero; return them as float64."""
     d = np.asarray(d, dtype=float)

@@ -58,6 +58,7 @@ import scipy.linalg as sla
 
 from dpopt.solvers.convex_dp_core import (
     RANK_TOL,
+    check_newton_options,
     objective_from_factor,
     undo_unit_scale,
     unit_scale,
@@ -291,14 +292,7 @@ def solve_eigen_design(
     the number of distinct constraints the dual was solved over, extra["history"].
     """
     t_wall, t_cpu = time.perf_counter(), time.process_time()
-    if not (np.isfinite(tol) and tol > 0):
-        raise ValueError(f"tol must be a positive finite number; got {tol!r}")
-    if not (0 < forcing < 1):
-        raise ValueError(f"forcing must lie in (0, 1); got {forcing!r}")
-    if max_iter < 0 or max_cg < 1:
-        raise ValueError(f"max_iter must be >= 0 and max_cg >= 1; got {max_iter}, {max_cg}")
-    if not (np.isfinite(damping) and damping >= 0):
-        raise ValueError(f"damping must be a finite number >= 0; got {damping!r}")
+    check_newton_options(tol, forcing, max_iter, max_cg, damping)
     G, c = unit_scale(check_gram(G))
     n = G.shape[0]
     lam, P, keep = _eigen_factor(G, rank_tol, reflect)

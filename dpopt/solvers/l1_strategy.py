@@ -29,10 +29,10 @@ from typing import Any
 
 import numpy as np
 from scipy.linalg import cho_factor, cho_solve
-from scipy.optimize import minimize
 
-from dpopt.solvers.lbfgs import LbfgsMonitor, deadline_share
-from dpopt.solvers.result import CONVERGED, MAX_ITER, STALLED, TIME_LIMIT, SolverResult
+from dpopt.solvers.lbfgs import LbfgsMonitor, deadline_share, lbfgs_status, minimize_lbfgs
+from dpopt.solvers.result import TIME_LIMIT, SolverResult
+from dpopt.validation import check_gram
 
 # L-BFGS-B's relative decrease test: f changes by less than FTOL f between iterations. The error is
 # reported to 4-6 digits and the runs compared at 1e-4, so 1e-10 stops well past what matters.
@@ -96,12 +96,9 @@ def optimize_l1_strategy(
     (columns of unit L1 norm), fun = its trace(G (A^T A)^{-1}) by `l1_strategy_error`, extra["start_errors"]
     and extra["run_errors"] for every start run (its start's error and the error it reached).
     """
-    G = np.asarray(G, dtype=float)
-    if G.ndim != 2 or G.shape[0] != G.shape[1] or G.shape[0] == 0 or not np.all(np.isfinite(G)):
-        raise ValueError(f"G must be a finite non-empty square matrix, got shape {G.shape}")
+    G = check_gram(G)
     if len(starts) == 0:
         raise ValueError("optimize_l1_strategy needs at least one start")
-    G = (G + G.T) / 2
     n = G.shape[0]
     scale = float(np.trace(G)) / n
     Gs = G / scale
@@ -125,15 +122,11 @@ def optimize_l1_strategy(
         monitor = LbfgsMonitor(x0, deadline_share(deadline, len(starts) - k), progress,
                                f"l1 strategy start {k + 1}/{len(starts)}", nit)
         monitor.best_fun = f0
-        res = minimize(l1_strategy_loss_and_grad, x0, args=(Gs, r), jac=True, method="L-BFGS-B",
-                       bounds=[(0.0, None)] * x0.size, callback=monitor,
-                       options={"maxiter": max_iter, "ftol": FTOL, "gtol": 1e-12, "maxcor": 20})
+        res = minimize_lbfgs(l1_strategy_loss_and_grad, x0, monitor, args=(Gs, r), bounds=[(0.0, None)] * x0.size,
+                             maxiter=max_iter, ftol=FTOL, gtol=1e-12, maxcor=20)
         runs += 1
         nit += int(res.nit)
-        fun, x = float(res.fun), np.asarray(res.x)
-        if monitor.best_fun < fun or not math.isfinite(fun):
-            fun, x = monitor.best_fun, monitor.best_x
-        x = np.maximum(x, 0.0)
+        x = np.maximum(res.x, 0.0)
         M = x[: r * n].reshape(r, n) - x[r * n:].reshape(r, n)
         err = l1_strategy_error(M, G)
         start_errors.append(l1_strategy_error(S, G))
@@ -141,12 +134,7 @@ def optimize_l1_strategy(
             M, err = S, start_errors[-1]
         run_errors.append(err)
         capped = capped or monitor.stopped
-        if monitor.stopped:
-            status = TIME_LIMIT
-        elif res.success:
-            status = CONVERGED
-        else:
-            status = MAX_ITER if res.nit >= max_iter else STALLED
+        status = lbfgs_status(monitor.stopped, res.success, res.nit, max_iter)
         if best is None or err < best[0]:
             best = (err, M, status, int(res.nit), str(res.message))
     assert best is not None

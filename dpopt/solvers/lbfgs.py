@@ -8,6 +8,9 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from scipy.optimize import OptimizeResult, minimize
+
+from dpopt.solvers.result import CONVERGED, MAX_ITER, STALLED, TIME_LIMIT
 
 
 class LbfgsMonitor:
@@ -33,6 +36,27 @@ class LbfgsMonitor:
         if self.deadline is not None and time.perf_counter() >= self.deadline:
             self.stopped = True
             raise StopIteration
+
+
+def minimize_lbfgs(fun: Callable[..., tuple[float, np.ndarray]], x0: np.ndarray, monitor: LbfgsMonitor, *,
+                   args: tuple[Any, ...] = (), bounds: Any = None, **options: Any) -> OptimizeResult:
+    """scipy's L-BFGS-B on fun (value and gradient) from x0 with `monitor` as callback; res.fun and res.x
+    become the monitor's best iterate where that is lower or the final value is not finite."""
+    res = minimize(fun, x0, args=args, jac=True, method="L-BFGS-B", bounds=bounds, callback=monitor,
+                   options=options)
+    if monitor.best_fun < res.fun or not math.isfinite(res.fun):
+        res.fun, res.x = monitor.best_fun, monitor.best_x
+    return res
+
+
+def lbfgs_status(stopped: bool, success: bool, nit: int, max_iter: int) -> str:
+    """TIME_LIMIT for a run stopped at its deadline, else CONVERGED when L-BFGS-B met its tolerance,
+    MAX_ITER at the iteration cap and STALLED otherwise."""
+    if stopped:
+        return TIME_LIMIT
+    if success:
+        return CONVERGED
+    return MAX_ITER if nit >= max_iter else STALLED
 
 
 def deadline_share(deadline: float | None, runs_left: int) -> float | None:

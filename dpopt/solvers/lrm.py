@@ -26,18 +26,12 @@ from scipy.optimize import brentq
 from dpopt.linalg import SVD_RANK_RTOL, rank_from_singular_values, svd_start
 from dpopt.solvers.l1ball import project_l1_ball_columns
 from dpopt.solvers.result import CONVERGED, FAILED, MAX_ITER, STALLED, TIME_LIMIT, SolverResult
-
-
-def _as_matrix(W: Any) -> np.ndarray:
-    """W as a finite 2-D float array (accepts an ndarray or any object with a .matrix() method)."""
-    if hasattr(W, "matrix") and callable(W.matrix):
-        W = W.matrix()
-    W = np.asarray(W, dtype=float)
-    if W.ndim != 2 or W.shape[0] == 0 or W.shape[1] == 0:
-        raise ValueError(f"W must be a non-empty 2-D matrix (m x n); got shape {W.shape}")
-    if not np.isfinite(W).all():
-        raise ValueError("W must contain only finite values (found NaN or inf)")
-    return W
+from dpopt.validation import (
+    check_finite_matrix,
+    check_positive_int,
+    check_positive_number,
+    check_time_limit,
+)
 
 
 def numerical_rank(W: np.ndarray, rtol: float = SVD_RANK_RTOL) -> int:
@@ -212,23 +206,15 @@ def _ridge_B(
 def _check_options(**opts: Any) -> None:
     """Validate solve_lrm's numeric options (positive ints, positive finite floats)."""
     for name in ("max_outer", "max_inner", "max_nesterov", "beta_double_every"):
-        val = opts[name]
-        if isinstance(val, bool) or not isinstance(val, int | np.integer) or val < 1:
-            raise ValueError(f"{name} must be a positive integer; got {val!r}")
+        check_positive_int(opts[name], name)
     for name in ("tol", "ftol", "beta0", "beta_max"):
-        val = opts[name]
-        if isinstance(val, bool) or not isinstance(val, int | float | np.number) or not (
-            np.isfinite(val) and val > 0
-        ):
-            raise ValueError(f"{name} must be a finite number > 0; got {val!r}")
+        check_positive_number(opts[name], name)
     if not isinstance(opts["repair"], bool):
         raise ValueError(f"repair must be True or False; got {opts['repair']!r}")
     revive = opts["revive"]
     if not (0.0 <= revive < 1.0):
         raise ValueError(f"revive must be in [0, 1); got {revive!r}")
-    time_limit = opts["time_limit"]
-    if time_limit is not None and not (isinstance(time_limit, int | float) and time_limit > 0):
-        raise ValueError(f"time_limit must be None or a number of seconds > 0; got {time_limit!r}")
+    check_time_limit(opts["time_limit"])
 
 
 def _make_rng(seed: Any, rng: Any) -> np.random.Generator:
@@ -603,7 +589,7 @@ def solve_lrm(
     (ALM iterates, before polishing).
     """
     t_wall, t_cpu = time.perf_counter(), time.process_time()
-    W = _as_matrix(W)
+    W = check_finite_matrix(W, "W")
     normW = float(np.linalg.norm(W))
     if normW == 0.0:
         raise ValueError("W must have at least one non-zero entry (the zero workload needs no noise)")

@@ -17,12 +17,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-from scipy.optimize import minimize
 
 from dpopt.linalg import attrs_of, superset_incidence
 from dpopt.marginal_strategy import MarginalStrategy
-from dpopt.solvers.lbfgs import LbfgsMonitor
-from dpopt.solvers.result import CONVERGED, MAX_ITER, STALLED, TIME_LIMIT, SolverResult
+from dpopt.solvers.lbfgs import LbfgsMonitor, lbfgs_status, minimize_lbfgs
+from dpopt.solvers.result import SolverResult
 from dpopt.validation import as_generator
 from dpopt.workloads import Marginals
 
@@ -138,13 +137,8 @@ def optimize_marginals_laplace(
             capped = True
             break
         monitor = LbfgsMonitor(x0, deadline, progress, f"marginal template start {k + 1}/{len(starts)}", nit)
-        res = minimize(
-            loss_grad, x0, jac=True, method="L-BFGS-B",
-            options={"maxiter": max_iter, "ftol": 1e-15, "gtol": 1e-12}, callback=monitor,
-        )
+        res = minimize_lbfgs(loss_grad, x0, monitor, maxiter=max_iter, ftol=1e-15, gtol=1e-12)
         runs += 1
-        if monitor.best_fun < res.fun or not np.isfinite(res.fun):  # the best iterate the callback saw
-            res.fun, res.x = monitor.best_fun, monitor.best_x
         if monitor.stopped:
             capped, res.success, res.message = True, False, "stopped at the time limit"
         nit += int(res.nit)
@@ -156,10 +150,7 @@ def optimize_marginals_laplace(
     theta = theta / theta.sum()
     subsets = [attrs_of(T) for T in cols]
     strat = MarginalStrategy(sizes, "marginals", subsets, theta, name="hdmm-marginals")
-    if capped:
-        status = TIME_LIMIT
-    else:
-        status = CONVERGED if best.success else (MAX_ITER if best.nit >= max_iter else STALLED)
+    status = lbfgs_status(capped, best.success, best.nit, max_iter)
     skipped = f" ({len(starts) - runs} skipped at the time limit)" if runs < len(starts) else ""
     message = f"best of {runs} L-BFGS starts{skipped}: {best.message}"
     cands = {"optimised": strat, **marginal_baselines(workload)}
@@ -169,14 +160,8 @@ def optimize_marginals_laplace(
         strat = cands[kept]
         message += (f"; baseline {kept!r} kept (eps-DP unit error {errors[kept]:.6g} < the template's "
                     f"{errors['optimised']:.6g})")
-    result = SolverResult(
-        x=theta,
-        fun=errors[kept],
-        status=status,
-        message=message,
-        nit=nit,
-        wall_seconds=time.perf_counter() - t0,
-        cpu_seconds=time.process_time() - c0,
+    result = SolverResult.since(
+        t0, c0, x=theta, fun=errors[kept], status=status, message=message, nit=nit,
         extra={"losses": losses, "candidates": len(cols), "uniform_start_loss": f0,
                "baseline_errors": errors, "kept": kept},
     )

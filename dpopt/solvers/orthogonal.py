@@ -39,6 +39,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from dpopt.validation import check_finite_matrix, check_positive_number
+
 Basis = Literal["auto", "rows", "orthonormal"]
 _BASES = ("auto", "rows", "orthonormal")
 
@@ -94,35 +96,10 @@ class OMStrategy:
 # ---------------------------------------------------------------------------------------------------
 
 
-def _as_matrix(W: Any, what: str = "W") -> np.ndarray:
-    """W as a finite 2-D float ndarray; accepts arrays, sparse matrices and objects with .matrix()."""
-    if hasattr(W, "matrix") and callable(W.matrix):
-        W = W.matrix()
-    if hasattr(W, "toarray") and callable(W.toarray):
-        W = W.toarray()
-    try:
-        M = np.asarray(W, dtype=float)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{what} must be a numeric 2-D matrix; could not convert it: {exc}") from exc
-    if M.ndim != 2:
-        raise ValueError(f"{what} must be a 2-D matrix (m x n), got an array with {M.ndim} dimension(s)")
-    if M.shape[0] == 0 or M.shape[1] == 0:
-        raise ValueError(f"{what} must have at least one row and one column, got shape {M.shape}")
-    if not np.all(np.isfinite(M)):
-        raise ValueError(f"{what} has NaN or infinite entries; expected only finite numbers")
-    return M
-
-
 def _check_tol(tol: float, what: str = "tol") -> float:
     if isinstance(tol, bool) or not isinstance(tol, numbers.Real) or not (0.0 < float(tol) < 1.0):
         raise ValueError(f"{what} must be a real number in (0, 1), got {tol!r}")
     return float(tol)
-
-
-def _check_eps(eps: float) -> float:
-    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not np.isfinite(eps) or eps <= 0:
-        raise ValueError(f"eps must be a finite positive number, got {eps!r}")
-    return float(eps)
 
 
 def _as_rng(rng: np.random.Generator | int | None, allow_none: bool = True) -> np.random.Generator | None:
@@ -185,7 +162,7 @@ def select_independent_rows(
 
     W: (m, n). Returns the chosen row indices (int array, length r) in the order they were chosen.
     """
-    W = _as_matrix(W)
+    W = check_finite_matrix(W, "W")
     tol = _check_tol(tol)
     gen = _as_rng(rng)
     m = W.shape[0]
@@ -255,7 +232,7 @@ def subdomain_queries(C: np.ndarray, *, basis: Basis = "auto", tol: float = 1e-1
 
     Returns Q~_j: (tau_j, p).
     """
-    C = _as_matrix(C, "C")
+    C = check_finite_matrix(C, "C")
     tol = _check_tol(tol)
     if basis not in _BASES:
         raise ValueError(f"basis must be one of {_BASES}, got {basis!r}")
@@ -296,7 +273,7 @@ def construct_w_tilde(
     the W_tilde row indices belonging to each, and the selected rows of W (see `OMStrategy`).
     Raises ValueError when W has no non-zero entry (nothing to measure, sensitivity undefined).
     """
-    W = _as_matrix(W)
+    W = check_finite_matrix(W, "W")
     tol = _check_tol(tol)
     if basis not in _BASES:
         raise ValueError(f"basis must be one of {_BASES}, got {basis!r}")
@@ -343,8 +320,8 @@ def construct_b(
     W: (m, n); W_tilde: (s, n); subdomains / blocks as returned by `construct_w_tilde`.
     Cells outside every sub-domain are not used (they are zero columns of W; the caller checks).
     """
-    W = _as_matrix(W)
-    W_tilde = _as_matrix(W_tilde, "W_tilde")
+    W = check_finite_matrix(W, "W")
+    W_tilde = check_finite_matrix(W_tilde, "W_tilde")
     if W.shape[1] != W_tilde.shape[1]:
         raise ValueError(f"W has {W.shape[1]} columns but W_tilde has {W_tilde.shape[1]}; expected equal n")
     if len(subdomains) != len(blocks):
@@ -390,7 +367,7 @@ def orthogonal_strategy(
     tol = _check_tol(tol)
     residual_tol = _check_tol(residual_tol, "residual_tol")
     t_wall, t_cpu = time.perf_counter(), time.process_time()
-    W = _as_matrix(W)
+    W = check_finite_matrix(W, "W")
     W_tilde, subdomains, blocks, rows = construct_w_tilde(W, rng=rng, tol=tol, basis=basis)
     B = construct_b(W, W_tilde, subdomains, blocks)
     scale = float(np.max(np.abs(W)))
@@ -431,9 +408,9 @@ def om_expected_error(B: np.ndarray, W_tilde: np.ndarray, eps: float) -> float:
 
     B: (m, s); W_tilde: (s, n).
     """
-    B = _as_matrix(B, "B")
-    W_tilde = _as_matrix(W_tilde, "W_tilde")
-    eps = _check_eps(eps)
+    B = check_finite_matrix(B, "B")
+    W_tilde = check_finite_matrix(W_tilde, "W_tilde")
+    eps = check_positive_number(eps, "eps")
     if B.shape[1] != W_tilde.shape[0]:
         raise ValueError(f"B has {B.shape[1]} columns but W_tilde has {W_tilde.shape[0]} rows; expected equal s")
     return 2.0 * float(np.sum(B**2)) * sensitivity_l1(W_tilde) ** 2 / eps**2
@@ -446,7 +423,7 @@ def orthogonal_mechanism(
 
     x: (n,) cell counts. Returns (m,) noisy answers to W; eps-differentially private (Theorem 3).
     """
-    eps = _check_eps(eps)
+    eps = check_positive_number(eps, "eps")
     gen = _as_rng(rng, allow_none=False)
     x = np.asarray(x, dtype=float)
     n = strategy.W_tilde.shape[1]

@@ -18,11 +18,10 @@ from typing import Any
 
 import numpy as np
 from scipy.linalg import cho_factor, cho_solve
-from scipy.optimize import minimize
 
-from dpopt.solvers.lbfgs import LbfgsMonitor, deadline_share
-from dpopt.solvers.result import CONVERGED, MAX_ITER, STALLED, TIME_LIMIT, SolverResult
-from dpopt.validation import as_generator
+from dpopt.solvers.lbfgs import LbfgsMonitor, deadline_share, lbfgs_status, minimize_lbfgs
+from dpopt.solvers.result import SolverResult
+from dpopt.validation import as_generator, check_gram, check_positive_int
 
 
 def pidentity_matrix(Theta: np.ndarray) -> np.ndarray:
@@ -93,14 +92,10 @@ def optimize_pidentity(
     strategy); the status is then TIME_LIMIT.
     progress: called after each L-BFGS-B iteration with {"iteration", "stage"}.
     """
-    G = np.asarray(G, dtype=float)
-    if G.ndim != 2 or G.shape[0] != G.shape[1] or G.shape[0] == 0 or not np.all(np.isfinite(G)):
-        raise ValueError(f"G must be a finite non-empty square matrix, got shape {G.shape}")
-    if isinstance(p, bool) or not isinstance(p, (int, np.integer)) or p < 1:
-        raise ValueError(f"p must be a positive integer, got {p!r}")
+    G = check_gram(G)
+    check_positive_int(p, "p")
     if restarts < 1:
         raise ValueError(f"restarts must be >= 1, got {restarts}")
-    G = (G + G.T) / 2
     n = G.shape[0]
     rng = as_generator(seed)
     scale = float(np.trace(G)) / n
@@ -117,21 +112,10 @@ def optimize_pidentity(
         # far larger than what a long tail of iterations gains (1e-5), so no restart may crowd out the rest
         monitor = LbfgsMonitor(x0, deadline_share(deadline, restarts - k), progress,
                                f"p-identity restart {k + 1}/{restarts}", nit)
-        res = minimize(
-            pidentity_loss_and_grad,
-            x0,
-            args=(Gs, p),
-            jac=True,
-            method="L-BFGS-B",
-            bounds=[(0.0, None)] * (p * n),
-            options={"maxiter": max_iter, "ftol": ftol, "gtol": 1e-10},
-            callback=monitor,
-        )
+        res = minimize_lbfgs(pidentity_loss_and_grad, x0, monitor, args=(Gs, p), bounds=[(0.0, None)] * (p * n),
+                             maxiter=max_iter, ftol=ftol, gtol=1e-10)
         runs += 1
-        fun, x = float(res.fun), np.asarray(res.x)
-        if monitor.best_fun < fun or not np.isfinite(fun):  # the best iterate the callback saw
-            fun, x = monitor.best_fun, monitor.best_x
-        x = np.maximum(x, 0.0)
+        fun, x = float(res.fun), np.maximum(res.x, 0.0)
         losses.append(fun * scale)
         nit += int(res.nit)
         capped = capped or monitor.stopped
@@ -140,25 +124,11 @@ def optimize_pidentity(
             best = (fun, x, bool(res.success) and not monitor.stopped, int(res.nit), message)
     assert best is not None
     _, x, success, best_nit, best_message = best
-    if capped:
-        status = TIME_LIMIT
-    elif success:
-        status = CONVERGED
-    elif best_nit >= max_iter:
-        status = MAX_ITER
-    else:
-        status = STALLED
+    status = lbfgs_status(capped, success, best_nit, max_iter)
     note = f"best of {runs} L-BFGS-B restarts" + (f" ({restarts - runs} skipped at the time limit)"
                                                   if runs < restarts else "")
     if capped and runs == restarts:
         note += " (time limit reached)"
-    return SolverResult(
-        x=x.reshape(p, n),
-        fun=pidentity_error(x.reshape(p, n), G),
-        status=status,
-        message=f"{note}: {best_message}",
-        nit=nit,
-        wall_seconds=time.perf_counter() - t0,
-        cpu_seconds=time.process_time() - c0,
-        extra={"losses": losses, "restarts_run": runs},
-    )
+    return SolverResult.since(t0, c0, x=x.reshape(p, n), fun=pidentity_error(x.reshape(p, n), G), status=status,
+                              message=f"{note}: {best_message}", nit=nit,
+                              extra={"losses": losses, "restarts_run": runs})
