@@ -31,6 +31,7 @@ import scipy.linalg as sla
 
 from dpopt.linalg import psd_sqrt
 from dpopt.solvers.convex_dp_core import certified_status, dual_bound_from_factor
+from dpopt.solvers.diag_dual_newton import pcg
 from dpopt.solvers.result import (
     MAX_ITER,
     STALLED,
@@ -93,42 +94,18 @@ def _tangent_pcg(model: _Model, rhs: np.ndarray, eta: float, max_cg: int) -> tup
     K, Xinv = model.K, model.Xinv
     kd, xd = np.diag(K), np.diag(Xinv)
     precond = np.outer(kd, xd) + np.outer(xd, kd) + 2.0 * Xinv * K
-    precond = np.maximum(precond, np.finfo(float).tiny)
 
     def hess(D: np.ndarray) -> np.ndarray:
         P = (Xinv @ D) @ K
-        H = P + P.T
-        np.fill_diagonal(H, 0.0)
-        return H
+        return _off_diagonal(P + P.T)
 
-    b_norm = float(np.linalg.norm(rhs))
-    D = np.zeros_like(rhs)
-    r = rhs.copy()
-    z = r / precond
-    np.fill_diagonal(z, 0.0)
-    p = z.copy()
-    rz = float(np.vdot(r, z))
-    steps = 0
-    for _ in range(max_cg):
-        Hp = hess(p)
-        steps += 1
-        curv = float(np.vdot(p, Hp))
-        if curv <= 0.0:
-            break
-        a = rz / curv
-        D += a * p
-        r -= a * Hp
-        if np.linalg.norm(r) <= eta * b_norm:
-            break
-        z = r / precond
-        np.fill_diagonal(z, 0.0)
-        rz_new = float(np.vdot(r, z))
-        p = z + (rz_new / rz) * p
-        rz = rz_new
-    if not steps or float(np.vdot(rhs, D)) <= 0.0:
-        D = rhs / precond
-        np.fill_diagonal(D, 0.0)
-    return D, steps
+    return pcg(hess, precond, rhs, eta, max_cg, project=_off_diagonal)
+
+
+def _off_diagonal(D: np.ndarray) -> np.ndarray:
+    """D with its diagonal set to zero (in place): the projection onto the tangent space diag(D) = 0."""
+    np.fill_diagonal(D, 0.0)
+    return D
 
 
 def solve_primal(

@@ -89,10 +89,13 @@ def pcg(
     eta: float,
     max_cg: int,
     damping: float = 0.0,
+    project: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> tuple[np.ndarray, int]:
     """Jacobi-preconditioned CG for (H + damping diag(H)) x = b, H PSD, to ||r|| <= eta ||b||.
 
-    Falls back to b / diag(H) if CG makes no progress.
+    Vectors may be arrays of any shape (inner products are np.vdot). project, if given, maps each
+    preconditioned residual onto a subspace that b and the products H v lie in: CG then solves on it.
+    Falls back to b / diag(H) (projected) if CG makes no progress.
     """
     # Relative floor: a coordinate with no curvature (a cell outside range(G)) must not make r / h_diag overflow.
     h_diag = np.maximum(h_diag, max(np.finfo(float).eps * float(h_diag.max()), np.finfo(float).tiny))
@@ -104,17 +107,21 @@ def pcg(
             return plain(v) + shift * v
 
         h_diag = h_diag + shift
+
+    def precondition(v: np.ndarray) -> np.ndarray:
+        return v / h_diag if project is None else project(v / h_diag)
+
     b_norm = float(np.linalg.norm(b))
     x = np.zeros_like(b)
     r = b.copy()
-    z = r / h_diag
+    z = precondition(r)
     q = z.copy()
-    rz = float(r @ z)
+    rz = float(np.vdot(r, z))
     steps = 0
     for _ in range(max_cg):
         Hq = hess_vec(q)
         steps += 1
-        curv = float(q @ Hq)
+        curv = float(np.vdot(q, Hq))
         if curv <= 0.0:  # round-off only: H is positive semidefinite
             break
         a = rz / curv
@@ -122,12 +129,12 @@ def pcg(
         r -= a * Hq
         if np.linalg.norm(r) <= eta * b_norm:
             break
-        z = r / h_diag
-        rz_new = float(r @ z)
+        z = precondition(r)
+        rz_new = float(np.vdot(r, z))
         q = z + (rz_new / rz) * q
         rz = rz_new
-    if not steps or float(b @ x) <= 0.0:
-        x = b / h_diag
+    if not steps or float(np.vdot(b, x)) <= 0.0:
+        x = precondition(b)
     return x, steps
 
 

@@ -85,7 +85,6 @@ __all__ = [
     "factor_variances",
     "fitness_for_use",
     "query_rows",
-    "query_variances",
     "solve_minimax",
 ]
 
@@ -135,7 +134,7 @@ class MatrixRows:
         return self.W.T @ (self.W * weights[:, None])
 
     def variances(self, F: np.ndarray) -> np.ndarray:
-        """w_i F F^T w_i^T, where F F^T = X^+ (see `query_variances`)."""
+        """w_i F F^T w_i^T, where F F^T = X^+."""
         Y = self.W @ F
         return np.einsum("ij,ij->i", Y, Y)
 
@@ -213,30 +212,6 @@ def query_rows(workload: Workload | np.ndarray) -> MatrixRows | RangeRows:
         if np.array_equal(last - first + 1, counts):
             return RangeRows(S.shape[1], first, last)
     return MatrixRows(S.toarray())
-
-
-def query_variances(rows: MatrixRows | RangeRows, X: np.ndarray, rank_rtol: float = 1e-12) -> np.ndarray:
-    """w_i X^+ w_i^T for every query.
-
-    X^+ = F F^T with F = L^{-T} from a Cholesky factor when X is positive definite; otherwise F from
-    the eigenvectors of X with eigenvalues above rank_rtol * largest (a singular X: the sum optimum of
-    a rank-deficient Gram is singular), and then a query with a part outside range(X) gets inf.
-    """
-    X = (X + X.T) / 2.0
-    try:
-        L = sla.cholesky(X, lower=True, check_finite=False)
-        F = sla.solve_triangular(L, np.eye(X.shape[0]), lower=True, check_finite=False).T
-        return rows.variances(F)
-    except np.linalg.LinAlgError:
-        pass
-    lam, Q = np.linalg.eigh(X)
-    keep = lam > rank_rtol * lam[-1]
-    var = rows.variances(Q[:, keep] / np.sqrt(lam[keep]))
-    # The part of each query outside range(X): its squared norm must vanish for a finite variance.
-    outside = rows.variances(Q[:, ~keep])
-    total = rows.variances(np.eye(X.shape[0]))
-    var[outside > 1e-9 * np.maximum(total, np.finfo(float).tiny)] = np.inf
-    return var
 
 
 def factor_variances(rows: MatrixRows | RangeRows, R: np.ndarray, U: np.ndarray | None = None) -> np.ndarray:

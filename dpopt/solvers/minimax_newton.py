@@ -31,6 +31,8 @@ from typing import Any
 import numpy as np
 import scipy.linalg as sla
 
+from dpopt.solvers.diag_dual_newton import pcg
+
 __all__ = ["JointPoint", "newton_direction"]
 
 #: Query rows y_i = w_i U P are formed when m <= _FEW_ROWS * n (memory m k; AllRange's n(n+1)/2 rows are not).
@@ -110,53 +112,35 @@ def newton_direction(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Projected Newton direction (du, dd) for max psi on the product of simplices, and the held queries.
 
-    Binding weights (BINDING_RTOL) go to zero; on the others, Jacobi-preconditioned CG in the null space
-    of the two sum constraints solves (H + damping diag(H)) x = grad psi (H = -Hess psi) to relative
-    preconditioned residual eta; it stops early if the residual grows 1e4-fold (round-off at the optimum).
+    Binding weights (BINDING_RTOL) go to zero; on the others, Jacobi-preconditioned CG on the null space
+    of the two sum constraints solves (H + damping diag(H)) x = grad psi (H = -Hess psi, H and grad psi
+    projected on that space) to relative residual eta.
     """
     u, d = p.u, p.d
     S, F = ~_binding(u, p.gu), ~_binding(d, p.gd)
     nS = int(S.sum())
     hu, hd = p.hess_diag()
     h = 0.5 * np.concatenate([hu[S], hd[F]])
-    h = np.maximum(h, np.finfo(float).eps * float(h.max())) * (1.0 + damping)
-    b = 0.5 * np.concatenate([p.gu[S], p.gd[F]])
-    ones_u = np.zeros(b.size)
-    ones_u[:nS] = 1.0
-    ones_d = 1.0 - ones_u
+    h = np.maximum(h, np.finfo(float).eps * float(h.max()))
+
+    def tangent(x: np.ndarray) -> np.ndarray:  # orthogonal projection on sum(du) = sum(dd) = 0
+        return np.concatenate([x[:nS] - x[:nS].mean(), x[nS:] - x[nS:].mean()])
 
     def hess(x: np.ndarray) -> np.ndarray:
         du, dd = np.zeros(u.size), np.zeros(d.size)
         du[S], dd[F] = x[:nS], x[nS:]
         a, e = p.hess_vec(du, dd)
-        return -0.5 * np.concatenate([a[S], e[F]]) + (damping / (1.0 + damping)) * h * x
+        return tangent(-0.5 * np.concatenate([a[S], e[F]]) + damping * h * x)
 
-    def precondition(r: np.ndarray) -> np.ndarray:  # Jacobi, then projection on sum(du) = sum(dd) = 0
-        z = r / h
-        for a in (ones_u, ones_d):
-            z -= (a / h) * (a @ z) / float(a @ (a / h))
+    sums = [np.arange(h.size) < nS, np.arange(h.size) >= nS]
+
+    def project(z: np.ndarray) -> np.ndarray:  # the same subspace, in the preconditioner's metric diag(h)
+        for a in sums:
+            z = z - np.where(a, 1.0 / h, 0.0) * float(z[a].sum()) / float((1.0 / h[a]).sum())
         return z
 
-    x = np.zeros_like(b)
-    r = b.copy()
-    z = precondition(r)
-    q = z.copy()
-    rz = rz0 = float(r @ z)
-    steps = 0
-    while steps < max_cg and rz > eta * eta * rz0:
-        Hq = hess(q)
-        steps += 1
-        curv = float(q @ Hq)
-        if not curv > 0.0:
-            break
-        x += (rz / curv) * q
-        r -= (rz / curv) * Hq
-        z = precondition(r)
-        rz_new = float(r @ z)
-        if rz_new > 1e4 * rz0:
-            break
-        q = z + (rz_new / rz) * q
-        rz = rz_new
+    x, _ = pcg(hess, (1.0 + damping) * h, tangent(0.5 * np.concatenate([p.gu[S], p.gd[F]])), eta, max_cg,
+               project=project)
     du, dd = -u.copy(), -d.copy()
     du[S], dd[F] = x[:nS], x[nS:]
     return du, dd, ~S
