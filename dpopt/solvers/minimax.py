@@ -76,6 +76,7 @@ from dpopt.solvers.result import (
     relative_gap,
     stop_rule,
 )
+from dpopt.validation import check_number, check_positive_number, check_time_limit
 from dpopt.workloads import AllRange, Prefix, Workload
 
 __all__ = [
@@ -234,13 +235,6 @@ def _triangular_factor(A: np.ndarray) -> np.ndarray:
     return sla.qr(A, mode="r", check_finite=False)[0][:k]
 
 
-def _gram(R: np.ndarray, U: np.ndarray | None) -> np.ndarray:
-    """X = U R^T R U^T, symmetrised."""
-    F = R if U is None else R @ U.T
-    X = F.T @ F
-    return (X + X.T) / 2.0
-
-
 def _unit_diag(R: np.ndarray, U: np.ndarray | None) -> np.ndarray:
     """R scaled so that diag(U R^T R U^T) <= 1 (divided by sqrt of the largest entry when it exceeds 1)."""
     F = R if U is None else R @ U.T
@@ -280,14 +274,10 @@ def solve_minimax(
     "inner_solves", "newton_solves" (inner solves at Newton trial points), "history".
     """
     t_wall, t_cpu = time.perf_counter(), time.process_time()
-    if not (math.isfinite(tol) and tol > 0):
-        raise ValueError(f"tol must be a positive finite number; got {tol!r}")
-    if not (math.isfinite(newton_gap) and newton_gap >= 0):
+    tol, step = check_positive_number(tol, "tol"), check_positive_number(step, "step")
+    time_limit = check_time_limit(time_limit)
+    if not (math.isfinite(check_number(newton_gap, "newton_gap")) and newton_gap >= 0):
         raise ValueError(f"newton_gap must be a finite number >= 0; got {newton_gap!r}")
-    if not (math.isfinite(step) and step > 0):
-        raise ValueError(f"step must be a positive finite number; got {step!r}")
-    if time_limit is not None and not time_limit > 0:
-        raise ValueError(f"time_limit must be positive seconds or None; got {time_limit!r}")
     rows = query_rows(workload)
     c = np.full(rows.m, float(targets)) if np.ndim(targets) == 0 else np.asarray(targets, dtype=float)
     if c.shape != (rows.m,) or not np.isfinite(c).all() or (c <= 0).any():
@@ -339,9 +329,7 @@ def solve_minimax(
         # gives a wrong g, and a zero weight can leave a query outside range(X) (WidthK).
         if not np.isfinite(g2).all() or int(r2.extra["rank"]) < rank_w:
             return None
-        if r2.status != CONVERGED:
-            return False
-        if float(r2.dual_bound) < float(res.dual_bound) * (1.0 - slack):
+        if r2.status != CONVERGED or float(r2.dual_bound) < float(res.dual_bound) * (1.0 - slack):
             return False
         u, res, X, g = u_new, r2, X2, g2
         return True
@@ -378,10 +366,9 @@ def solve_minimax(
             damping = damping / 3.0 if accepted else min(damping * 10.0, _NEWTON_DAMPING_MAX)
         if accepted:
             continue
-        F = float(u @ g)
         with np.errstate(divide="ignore"):  # a weight that underflowed (or was set) to 0 stays 0
             log_u = np.log(u)
-        ascent = g / F - 1.0
+        ascent = g / float(u @ g) - 1.0
         for _ in range(40):
             z = log_u + np.minimum(p * ascent, _MAX_EXPONENT)
             u_new = np.exp(z - z.max())
@@ -393,7 +380,9 @@ def solve_minimax(
         if not accepted or p < _MIN_STEP:
             status, message = STALLED, f"no ascent step found at gap {gap:.2e} (step {p:.1e})"
             break
-    X_best = _gram(best_X, U)
+    F = best_X if U is None else best_X @ U.T  # X = U R^T R U^T, symmetrised, diag <= 1
+    X_best = F.T @ F
+    X_best = (X_best + X_best.T) / 2.0
     X_best /= max(float(np.diag(X_best).max()), 1.0)
     return SolverResult.since(
         t_wall, t_cpu, x=X_best, fun=upper, status=status, message=message, nit=nit, ninner=n_solves,

@@ -47,7 +47,8 @@ class JointPoint:
 
     def __init__(self, rows: Any, c: np.ndarray, U: np.ndarray | None, u: np.ndarray, d: np.ndarray) -> None:
         self.rows, self.c, self.U, self.u, self.d = rows, c, U, u, d
-        A = self._restrict(rows.gram(u / c))
+        G = rows.gram(u / c)
+        A = G if U is None else U.T @ G @ U
         B = np.diag(d) if U is None else (U.T * d) @ U
         L = sla.cholesky(B, lower=True, check_finite=False)
         ev, Q = sla.eigh(L.T @ A @ L, check_finite=False)
@@ -64,9 +65,6 @@ class JointPoint:
         self.Y = rows.project(self.Pu) if rows.m <= _FEW_ROWS * rows.n else None
         self.gu = self._forms(np.diag(1.0 / self.s)) / c
         self.gd = np.einsum("ja,ja->j", self.Pi * self.s, self.Pi)
-
-    def _restrict(self, G: np.ndarray) -> np.ndarray:
-        return G if self.U is None else self.U.T @ G @ self.U
 
     def _forms(self, M: np.ndarray) -> np.ndarray:
         """y_i M y_i^T for every query (M symmetric, k x k)."""
@@ -93,8 +91,7 @@ class JointPoint:
         s, Pi = self.s, self.Pi
         hu = 0.5 * (self._forms(np.diag(s**-1.5)) / self.c) ** 2
         Q2 = Pi * Pi
-        hd = np.einsum("ja,ja->j", Q2, Q2 @ (np.outer(s, s) / (s[:, None] + s[None, :])))
-        return hu, hd
+        return hu, np.einsum("ja,ja->j", Q2, Q2 @ (np.outer(s, s) / (s[:, None] + s[None, :])))
 
 
 def _binding(v: np.ndarray, grad: np.ndarray) -> np.ndarray:
