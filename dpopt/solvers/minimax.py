@@ -17,18 +17,19 @@ optimum X*(u), so F(u) = u . g. Every outer iterate therefore gives two certifie
 - LOWER: the inner solver's dual bound at u, a lower bound on F(u) <= OPT whatever u is;
 - UPPER: s(X) of any feasible X (diag X <= 1), here the inner primal point.
 
-Outer method. While the gap is above `newton_gap` (5%): exponentiated-gradient ascent on u,
+Outer method. While the gap is above `newton_gap` (1%): exponentiated-gradient ascent on u,
 
     u <- u * exp(p (g / (u . g) - 1)),  renormalised,
 
 with an adaptive step p (x1.5 after a step that raises the inner dual bound, halved and retried
 otherwise), each inner solve warm-started from the previous multipliers d. Its lower bound converges
 fast (second order in u - u*) but the upper bound of X*(u) only at first order: AllRange(64) took 840
-iterations to a 1e-6 gap. Below 5%: projected Newton-CG on the joint dual over (u, d)
+iterations to a 1e-6 gap. Below 1%: projected Newton-CG on the joint dual over (u, d)
 (`minimax_newton`), a step accepted under the same ascent test (with the inner gap as slack, the
-noise of the inner bound), an exponentiated-gradient step when it fails. Single runs, one BLAS
-thread, gap 1e-6: AllRange(64) 12 iterations (0.14 s against 8.1 s), AllRange(256) 16 (6.5 s; 120 s
-reached only 4.1e-6 before). A running average of the inner points, once needed to damp the upper
+noise of the inner bound), an exponentiated-gradient step when it fails. Started at 5%, Newton
+stepped poorly on Width32(512) (101 s CPU to 1e-4, 26 s from 1%; the other rows alike from either).
+Benchmarked in benchmarks/results/minimax.md: AllRange(64) to 1e-6 in about 14 iterations against 840
+without Newton steps. A running average of the inner points, once needed to damp the upper
 bound's oscillation, no longer changed any run and was removed. Non-uniform targets can leave queries
 inactive at the optimum with G_{u*} singular, where X*(u) does not determine their variance:
 Prefix(12) with c in [1, 3] (seed 1) stops at a 4.4e-6 gap.
@@ -251,7 +252,7 @@ def solve_minimax(
     time_limit: float | None = None,
     inner_tol: float | None = None,
     step: float = 1.0,
-    newton_gap: float = 0.05,
+    newton_gap: float = 0.01,
     callback: Callable[[dict[str, Any]], bool | None] | None = None,
 ) -> SolverResult:
     """Least max_i w_i X^+ w_i^T / c_i subject to diag(X) <= 1, with a certified gap (module docstring).
