@@ -24,15 +24,14 @@ Outer method. While the gap is above `newton_gap` (1%): exponentiated-gradient a
 with an adaptive step p (x1.5 after a step that raises the inner dual bound, halved and retried
 otherwise), each inner solve warm-started from the previous multipliers d. Its lower bound converges
 fast (second order in u - u*) but the upper bound of X*(u) only at first order: AllRange(64) took 840
-iterations to a 1e-6 gap. Below 1%: projected Newton-CG on the joint dual over (u, d)
-(`minimax_newton`), a step accepted under the same ascent test (with the inner gap as slack, the
-noise of the inner bound), an exponentiated-gradient step when it fails. Started at 5%, Newton
-stepped poorly on Width32(512) (101 s CPU to 1e-4, 26 s from 1%; the other rows alike from either).
-Benchmarked in benchmarks/results/minimax.md: AllRange(64) to 1e-6 in about 14 iterations against 840
-without Newton steps. A running average of the inner points, once needed to damp the upper
+iterations to a 1e-6 gap, about 14 with the Newton steps below (benchmarks/results/minimax.md). Below
+1%: projected Newton-CG on the joint dual over (u, d) (`minimax_newton`), a step accepted under the same
+ascent test (with the inner gap as slack, the noise of the inner bound), an exponentiated-gradient step
+when it fails. Started at 5%, Newton stepped poorly on Width32(512) (101 s CPU to 1e-4, 26 s from 1%;
+the other rows alike from either). A running average of the inner points, once needed to damp the upper
 bound's oscillation, no longer changed any run and was removed. Non-uniform targets can leave queries
-inactive at the optimum with G_{u*} singular, where X*(u) does not determine their variance:
-Prefix(12) with c in [1, 3] (seed 1) stops at a 4.4e-6 gap.
+inactive at the optimum with G_{u*} singular, where X*(u) does not determine their variance: Prefix(12)
+with c in [1, 3] (seed 1) stops at a 4.4e-6 gap.
 
 Variances in the row space. For a singular Gram (rank-deficient W: WidthK, WRange with m < n,
 marginals without the full table) the sum optimum is singular (rank k = rank W, range = W's row
