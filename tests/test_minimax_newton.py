@@ -83,4 +83,6 @@ def test_newton_and_exponentiated_gradient_certify_the_same_optimum(workload) ->
     assert newton.extra["newton_solves"] > 0 and ascent.extra["newton_solves"] == 0
     # Both intervals [lower, upper] are certified and contain the optimum, so they overlap.
     assert newton.dual_bound <= ascent.fun and ascent.dual_bound <= newton.fun
+    # Quadratic against first-order convergence: measured 14 / 8 / 9 inner solves against 2057 / 22 / 21,
+    # so "no more" leaves a margin of more than two on every case.
     assert newton.extra["inner_solves"] <= ascent.extra["inner_solves"]

@@ -356,7 +356,7 @@ def solve_minimax(
                 # Weights the step drives below zero go to zero; if that lowers the rank of G_u (a query
                 # outside range(X)), they fall to _NEWTON_FLOOR of themselves instead.
                 for floor in (0.0, _NEWTON_FLOOR):
-                    u_new = np.maximum(u + t * du, np.where(held & (floor == 0.0), 0.0, floor * u))
+                    u_new = np.maximum(u + t * du, floor * u)  # held weights: du = -u
                     n_newton += 1
                     accepted = trial(u_new / u_new.sum(), np.maximum(point.d + t * dd, 0.0), max(_ASCENT_RTOL, gap_asked))
                     if accepted is not None:

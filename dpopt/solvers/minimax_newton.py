@@ -57,7 +57,7 @@ class JointPoint:
         self.s = np.sqrt(ev)
         P = L @ Q
         Pinv_T = sla.solve_triangular(L, Q, lower=True, trans="T", check_finite=False)  # P^{-T} = L^{-T} Q
-        self.Pu = P if U is None else U @ P  # y_i = w_i Pu
+        self.Pu = P if U is None else U @ P
         self.Pi = Pinv_T if U is None else U @ Pinv_T  # X = Pi diag(s) Pi^T
         self.psi = float(self.s.sum())
         # y_i = w_i Pu for every query when there are few (m <= _FEW_ROWS n): quadratic forms and the
@@ -129,11 +129,9 @@ def newton_direction(
         a, e = p.hess_vec(du, dd)
         return tangent(-0.5 * np.concatenate([a[S], e[F]]) + damping * h * x)
 
-    sums = [np.arange(h.size) < nS, np.arange(h.size) >= nS]
-
     def project(z: np.ndarray) -> np.ndarray:  # the same subspace, in the preconditioner's metric diag(h)
-        for a in sums:
-            z = z - np.where(a, 1.0 / h, 0.0) * float(z[a].sum()) / float((1.0 / h[a]).sum())
+        for part in (slice(0, nS), slice(nS, h.size)):
+            z[part] -= (1.0 / h[part]) * float(z[part].sum()) / float((1.0 / h[part]).sum())
         return z
 
     x, _ = pcg(hess, (1.0 + damping) * h, tangent(0.5 * np.concatenate([p.gu[S], p.gd[F]])), eta, max_cg,
