@@ -90,12 +90,14 @@ def pcg(
     max_cg: int,
     damping: float = 0.0,
     project: Callable[[np.ndarray], np.ndarray] | None = None,
+    deadline: float | None = None,
 ) -> tuple[np.ndarray, int]:
     """Jacobi-preconditioned CG for (H + damping diag(H)) x = b, H PSD, to ||r|| <= eta ||b||.
 
     Vectors may be arrays of any shape (inner products are np.vdot). project, if given, maps each
     preconditioned residual onto a subspace that b and the products H v lie in: CG then solves on it.
-    Falls back to b / diag(H) (projected) if CG makes no progress.
+    deadline (a time.perf_counter() value): no product is started after it; CG returns its iterate (every
+    CG iterate is an ascent direction). Falls back to b / diag(H) (projected) if CG makes no progress.
     """
     # Relative floor: a coordinate with no curvature (a cell outside range(G)) must not make r / h_diag overflow.
     h_diag = np.maximum(h_diag, max(np.finfo(float).eps * float(h_diag.max()), np.finfo(float).tiny))
@@ -119,6 +121,8 @@ def pcg(
     rz = float(np.vdot(r, z))
     steps = 0
     for _ in range(max_cg):
+        if deadline is not None and steps and time.perf_counter() > deadline:
+            break
         Hq = hess_vec(q)
         steps += 1
         curv = float(np.vdot(q, Hq))
