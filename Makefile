@@ -18,8 +18,11 @@ demo: $(STAMP)
 	    --mechanisms laplace,identity,hierarchical,wavelet,eigen,mm-optimal,om,hdmm
 	$(BIN)/dpopt answer --epsilon 1.0 --delta 1e-6 --workload marginals:1 --mechanism mm-optimal --out -
 
+# The tests run one BLAS thread each (tests/conftest.py), so one worker per core: JOBS=1 runs them serially.
+JOBS ?= auto
+
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow" -p no:cacheprovider
+	$(BIN)/python -m pytest -q -m "not slow" -p no:cacheprovider -n $(JOBS)
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow -p no:cacheprovider
