@@ -23,19 +23,19 @@ Outer method. While the gap is above `newton_gap` (1%): exponentiated-gradient a
 
 with an adaptive step p (x1.5 after a step that raises the inner dual bound, halved and retried
 otherwise), each inner solve warm-started from the previous multipliers d. Its lower bound converges
-fast (second order in u - u*) but the upper bound of X*(u) only at first order: AllRange(16) takes
-2057 inner solves to a 1e-6 gap, 8 with the Newton steps below. Below 1%: projected Newton-CG on the
-joint dual psi(u, d) (`minimax_newton.newton_ascent`), each step tried at one joint point (a Cholesky
-and an eigendecomposition, no inner sum solve) and taken when psi rises, until the point's own gap is
-below tol / 10; one inner solve at the last point then certifies it (an exponentiated-gradient step when
-it does not ascend). If that solve does not lower the upper bound (WRange(16, 64): X*(u) at the joint
-optimum's u completes the row space badly), the solver goes back to where the ascents began and takes
-one Newton step per outer iteration, each trial step judged by an inner solve. Measured (single runs,
-one BLAS thread, CPU s, tol 1e-4): trying each Newton step by an inner solve left Width32(1024) at a
-3.8e-3 gap after 900 s, joint points converge in 239 s (Width32(512): 10 s against 24 s); starting
-Newton at 10% or at once took AllRange(512) 49 or 60 s against 18 s from 1%. Non-uniform targets can leave queries
-inactive at the optimum with G_{u*} singular, where X*(u) does not determine their variance: Prefix(12)
-with c in [1, 3] (seed 1) reaches a 3.5e-6 gap in 20 s.
+fast (second order in u - u*) but the upper bound of X*(u) only at first order: AllRange(16) takes 2057
+inner solves to a 1e-6 gap, 8 with the Newton steps below. Below 1%: projected Newton-CG on the joint
+dual psi(u, d) (`minimax_newton.newton_ascent`), each step tried at one joint point (a Cholesky and an
+eigendecomposition, no inner sum solve) and taken when psi rises, until the point's own gap is below
+tol / 10; one inner solve at the last point then certifies it (an exponentiated-gradient step when it does
+not ascend). If such a solve moves neither bound (WRange(16, 64): X*(u) at the joint optimum's u
+completes the row space badly), the solver goes back to where the ascents began and takes one Newton
+step per outer iteration, each trial step judged by an inner solve. Measured (single runs, one BLAS
+thread, CPU s, tol 1e-4): trying each Newton step by an inner solve left Width32(1024) at a 3.8e-3 gap
+after 900 s, joint points converge in 239 s (Width32(512): 10 s against 24 s); starting Newton at 10% or
+at once took AllRange(512) 49 or 60 s against 18 s from 1%. Non-uniform
+targets can leave queries inactive at the optimum with G_{u*} singular, where X*(u) does not determine
+their variance: Prefix(12) with c in [1, 3] (seed 1) reaches a 3.5e-6 gap in 20 s.
 
 Variances in the row space. For a singular Gram (rank-deficient W: WidthK, WRange with m < n,
 marginals without the full table) the sum optimum is singular (rank k = rank W, range = W's row
@@ -359,8 +359,8 @@ def solve_minimax(
                 point = None
             deadline = None if time_limit is None else t_wall + time_limit
             if point is not None and upper_stuck:
-                # Once certifying an ascent's end did not lower the upper bound: one Newton step per outer
-                # iteration, each trial step an inner solve (WRange(16, 64) stalled at 3.3e-3 with ascents).
+                # Once certifying an ascent's end moved neither bound: one Newton step per outer iteration,
+                # each trial step an inner solve (WRange(16, 64) stalled at 3.3e-3 with ascents alone).
                 du, dd, _ = newton_direction(point, min(0.1, math.sqrt(gap)), _NEWTON_MAX_CG, damping, deadline)
                 for t in (1.0, 0.5, 0.25):
                     for floor in (0.0, _NEWTON_FLOOR):  # a zero weight that lowers G_u's rank: floored instead
@@ -381,9 +381,9 @@ def solve_minimax(
                 n_newton += trials
                 if moved is not point:  # floored: exponentiated gradient cannot revive a weight at exactly 0
                     u_new = np.maximum(moved.u, 1e-12 * moved.u.max())  # (WidthK(16, 4) stalled at 3.9e-3 without)
-                    upper_before, start = upper, start or (u, res, X, g)
+                    before, start = (upper, lower), start or (u, res, X, g)
                     accepted = bool(trial(u_new / u_new.sum(), moved.d, max(_ASCENT_RTOL, gap_asked)))
-                    if upper >= upper_before:  # single steps from where the ascents began
+                    if (upper, lower) == before:  # neither bound moved: single steps from where the ascents began
                         (u, res, X, g), upper_stuck, accepted = start, True, True
                 # A point whose own gap met the target but whose inner solve did not certify tol: aim lower
                 # (psi rises by about gap^2, seen in double precision down to a gap of about sqrt(eps)).
