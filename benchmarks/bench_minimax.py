@@ -135,7 +135,7 @@ def write(rows: list[dict], conic: list[dict], args: argparse.Namespace) -> None
                 "against solve_minimax (CPU seconds)\n\n"
             )
             f.write(dc.to_markdown(index=False, floatfmt=".4g") + "\n")
-        notes = RESULTS / "minimax.notes.md"  # what the runs were beside, by hand: kept across runs
+        notes = RESULTS.parent / "minimax_notes.md"  # by hand: which commit and load made each row
         if notes.exists():
             f.write("\n" + notes.read_text())
 
