@@ -55,6 +55,28 @@ def test_gradient_and_hessian_products_match_finite_differences(workload) -> Non
     assert du @ dgu + dd @ dgd <= 100 * cond * EPS * scale
 
 
+@pytest.mark.parametrize("workload", [Prefix(16), AllRange(8), WidthK(16, 4), WRange(6, 12, seed=1)],
+                         ids=["prefix", "allrange", "widthk_rank_deficient", "wrange_rank_deficient"])
+def test_single_precision_hessian_products_agree_to_their_error_bound(workload) -> None:
+    rng = np.random.default_rng(3)
+    p = _point(workload, rng)
+    du, dd = rng.standard_normal(p.u.size) * p.u, rng.standard_normal(p.d.size) * p.d
+    exact_u, exact_d = p.hess_vec(du, dd)
+    single_u, single_d = p.hess_vec(du, dd, np.float32)
+    assert single_u.dtype == single_d.dtype == np.float64
+    # A float32 product with inner dimension k errs by at most k * u32 times the product of the factors'
+    # magnitudes (Higham, Accuracy and Stability, eq. 3.13); the chained products and the division by
+    # s_a s_b (s_a + s_b) amplify it by at most cond = (s_max / s_min)^2; 10 covers the handful chained.
+    k = p.s.size
+    cond = float((p.s.max() / p.s.min()) ** 2)
+    rtol = 10 * k * np.finfo(np.float32).eps * cond
+    assert rtol < 0.1  # the bound says something at these sizes
+    np.testing.assert_allclose(single_u, exact_u, rtol=0, atol=rtol * np.abs(exact_u).max())
+    np.testing.assert_allclose(single_d, exact_d, rtol=0, atol=rtol * np.abs(exact_d).max())
+    # And not merely the double-precision product again: the single-precision path was taken.
+    assert not (np.array_equal(single_u, exact_u) and np.array_equal(single_d, exact_d))
+
+
 def test_jacobi_scaling_bounds_the_exact_diagonal() -> None:
     p = _point(AllRange(8), np.random.default_rng(1))
     hu, hd = p.hess_diag()

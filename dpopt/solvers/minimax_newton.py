@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import scipy.linalg as sla
 
+from dpopt.solvers.convex_dp_dual import CG_DTYPE
 from dpopt.solvers.diag_dual_newton import pcg
 
 __all__ = ["JointPoint", "newton_ascent", "newton_direction"]
@@ -48,6 +49,7 @@ class JointPoint:
 
     def __init__(self, rows: Any, c: np.ndarray, U: np.ndarray | None, u: np.ndarray, d: np.ndarray) -> None:
         self.rows, self.c, self.U, self.u, self.d = rows, c, U, u, d
+        self._casts: dict[Any, tuple[Any, ...]] = {}
         G = rows.gram(u / c)
         A = G if U is None else U.T @ G @ U
         B = np.diag(d) if U is None else (U.T * d) @ U
@@ -75,18 +77,40 @@ class JointPoint:
             return self.rows.forms(self.Pu @ M @ self.Pu.T)
         return np.einsum("ia,ia->i", self.Y @ M, self.Y)
 
-    def hess_vec(self, du: np.ndarray, dd: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Directional derivatives of (Var_i / c_i, X_jj) along (du, dd): twice psi's Hessian product."""
-        s, Pu, Pi = self.s, self.Pu, self.Pi
-        if self.Y is None:
-            E = Pu.T @ self.rows.gram(du / self.c) @ Pu
+    def _cast(self, dtype: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """(Pu, Pi, Y) in dtype, cast once per point."""
+        if dtype not in self._casts:
+            self._casts[dtype] = tuple(None if a is None else a.astype(dtype) for a in (self.Pu, self.Pi, self.Y))
+        return self._casts[dtype]
+
+    def hess_vec(self, du: np.ndarray, dd: np.ndarray, dtype: Any = np.float64) -> tuple[np.ndarray, np.ndarray]:
+        """Directional derivatives of (Var_i / c_i, X_jj) along (du, dd): twice psi's Hessian product.
+
+        dtype float32 runs the O(n^2 k) products in single precision (CG_DTYPE: they only shape a Newton
+        direction, as in the sum solver); (du, dd) is scaled to unit max first, E, the quadratic forms and
+        the diagonal are accumulated in float64, and a non-finite result is recomputed in float64.
+        """
+        s = self.s
+        scale = max(float(np.abs(du / self.c).max()), float(np.abs(dd).max()))
+        if not scale > 0.0:
+            return np.zeros(du.size), np.zeros(dd.size)
+        Pu, Pi, Y = self._cast(dtype)
+        wu, wd = (du / (scale * self.c)).astype(dtype), (dd / scale).astype(dtype)
+        if Y is None:
+            E = (Pu.T @ self.rows.gram(wu.astype(float)).astype(dtype) @ Pu).astype(float)
         else:
-            E = self.Y.T @ (self.Y * (du / self.c)[:, None])
-        E -= s[:, None] * ((Pi.T * dd) @ Pi) * s[None, :]
+            E = (Y.T @ (Y * wu[:, None])).astype(float)
+        E -= s[:, None] * ((Pi.T * wd) @ Pi).astype(float) * s[None, :]
         E /= s[:, None] + s[None, :]
-        dgu = -self._forms(E / np.outer(s, s)) / self.c
-        dgd = np.einsum("ja,ja->j", Pi @ E, Pi)
-        return dgu, dgd
+        M = (E / np.outer(s, s)).astype(dtype)
+        if Y is None:
+            dgu = -self.rows.forms((Pu @ M @ Pu.T).astype(float)) / self.c
+        else:
+            dgu = -np.einsum("ia,ia->i", (Y @ M).astype(float), self.Y) / self.c
+        dgd = np.einsum("ja,ja->j", (Pi @ E.astype(dtype)).astype(float), self.Pi)
+        if dtype != np.float64 and not (np.isfinite(dgu).all() and np.isfinite(dgd).all()):
+            return self.hess_vec(du, dd)
+        return scale * dgu, scale * dgd
 
     def hess_diag(self) -> tuple[np.ndarray, np.ndarray]:
         """Jacobi scaling: -dVar_i/du_i approximated from above by (y_i diag(s^{-3/2}) y_i^T)^2 / 2 (AM-GM on
@@ -168,7 +192,7 @@ def newton_direction(
     def hess(x: np.ndarray) -> np.ndarray:
         du, dd = np.zeros(u.size), np.zeros(d.size)
         du[S], dd[F] = x[:nS], x[nS:]
-        a, e = p.hess_vec(du, dd)
+        a, e = p.hess_vec(du, dd, CG_DTYPE)
         return tangent(-0.5 * np.concatenate([a[S], e[F]]) + damping * h * x)
 
     def project(z: np.ndarray) -> np.ndarray:  # the same subspace, in the preconditioner's metric diag(h)
