@@ -59,6 +59,7 @@ materialises W.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable
@@ -71,7 +72,7 @@ import scipy.sparse as sp
 
 from dpopt.privacy import DEFAULT_CALIBRATION, epsilon_for_sigma
 from dpopt.solvers.convex_dp import solve_convex_dp
-from dpopt.solvers.minimax_newton import JointPoint, newton_ascent, newton_direction
+from dpopt.solvers.minimax_newton import JointPoint, newton_ascent, newton_step
 from dpopt.solvers.result import (
     CONVERGED,
     MAX_ITER,
@@ -365,19 +366,10 @@ def solve_minimax(
             if point is not None and upper_stuck:
                 # Once certifying an ascent's end moved neither bound: one Newton step per outer iteration,
                 # each trial step an inner solve (WRange(16, 64) stalled at 3.3e-3 with ascents alone).
-                du, dd, _ = newton_direction(point, min(0.1, math.sqrt(gap)), _NEWTON_MAX_CG, damping, deadline)
-                for t in (1.0, 0.5, 0.25):
-                    for floor in (0.0, _NEWTON_FLOOR):  # a zero weight that lowers G_u's rank: floored instead
-                        u_new = np.maximum(u + t * du, floor * u)
-                        n_newton += 1
-                        accepted = trial(u_new / u_new.sum(), np.maximum(point.d + t * dd, 0.0),
-                                         max(_ASCENT_RTOL, gap_asked))
-                        if accepted is not None:
-                            break
-                    if accepted:
-                        break
-                accepted = bool(accepted)
-                damping = damping / 3.0 if accepted else min(damping * 10.0, _NEWTON_DAMPING_MAX)
+                accepted, damping, tried = newton_step(
+                    point, min(0.1, math.sqrt(gap)), _NEWTON_MAX_CG, damping, _NEWTON_DAMPING_MAX, _NEWTON_FLOOR,
+                    functools.partial(trial, slack=max(_ASCENT_RTOL, gap_asked)), deadline)
+                n_newton, accepted = n_newton + tried, bool(accepted)
             elif point is not None:
                 moved, damping, trials = newton_ascent(
                     point, newton_target, _NEWTON_MAX_STEPS, _NEWTON_MAX_CG, damping, _NEWTON_DAMPING_MAX,
