@@ -288,25 +288,12 @@ class Mechanism(ABC):
                 f"({why}; solver {sel.solver} status {sel.status.partition(':')[0]}: {sel.message[:200]}); "
                 "refusing to answer with it"
             )
-        self.workload_ = workload
-        self.privacy_ = privacy
-        self.strategy_ = strategy
-        self._reconstruction = None  # B, computed on the first answer() and reused
         # the error computed during selection, if under this privacy (a shared selection may come from another eps)
-        self.expected_error_ = (sel.error if sel.error is not None and sel.privacy == privacy
-                                else expected_error(strategy, workload, privacy, rtol=self.support_rtol))
-        self.bound_ = lower_bound(workload, privacy)
-        self.fit_info_ = FitInfo(
-            solver=sel.solver,
-            status=sel.status,
-            iterations=sel.iterations,
-            wall_seconds=wall,
-            cpu_seconds=cpu,
-            gap=sel.gap,
-            message=sel.message,
-            extra=sel.extra,
-        )
-        return self
+        err = (sel.error if sel.error is not None and sel.privacy == privacy
+               else expected_error(strategy, workload, privacy, rtol=self.support_rtol))
+        info = FitInfo(solver=sel.solver, status=sel.status, iterations=sel.iterations, wall_seconds=wall,
+                       cpu_seconds=cpu, gap=sel.gap, message=sel.message, extra=sel.extra)
+        return self._adopt(workload, workload, privacy, strategy, err, info)
 
     def kronecker_policy(self, privacy: Privacy) -> str | None:
         """How a Kronecker workload W_1 (x) ... (x) W_d is fitted: None, only as one dense matrix; "large",
@@ -366,7 +353,7 @@ class Mechanism(ABC):
         if separable and all(isinstance(v, float) for v in lows):
             # in units of prod_i trace-Gram units, i.e. of kron.gram(): a lower bound on the product problem
             extra["unit_lower_bound"] = math.prod(lows)  # type: ignore[arg-type]
-        return self._adopt_factored(kron, given, privacy, strategy, err, FitInfo(
+        return self._adopt(kron, given, privacy, strategy, err, FitInfo(
             solver=f"{infos[0].solver} per factor",
             status=status,
             iterations=sum(i.iterations for i in infos),
@@ -376,18 +363,18 @@ class Mechanism(ABC):
             message="; ".join(f"factor {k} ({f.name}): {i.message}" for k, (f, i) in
                               enumerate(zip(kron.factors, infos, strict=True)) if i.message),
             extra=extra,
-        ), kron.svd_bound())
+        ))
 
-    def _adopt_factored(self, view: Workload, given: Workload, privacy: Privacy, strategy: Strategy,
-                        err: ErrorReport, info: FitInfo, svdb: float) -> Mechanism:
-        """Keep a strategy selected through the workload's structure (`view`), its exact error and P SVDB(W)."""
+    def _adopt(self, view: Workload, given: Workload, privacy: Privacy, strategy: Strategy,
+               err: ErrorReport, info: FitInfo) -> Mechanism:
+        """Keep a strategy selected for `view` (the workload, or its structured form), its exact error and P SVDB(W)."""
         self.workload_ = view
         self.input_workload_ = given  # as given (e.g. bound to a data Domain, with row labels), for release
         self.privacy_ = privacy
         self.strategy_ = strategy  # type: ignore[assignment]
-        self._reconstruction = None
+        self._reconstruction = None  # B, computed on the first answer() and reused
         self.expected_error_ = err
-        self.bound_ = privacy.variance_factor * svdb
+        self.bound_ = lower_bound(view, privacy)
         self.fit_info_ = info
         return self
 

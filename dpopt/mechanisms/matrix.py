@@ -253,7 +253,7 @@ class MatrixMechanism(Mechanism):
                        wall_seconds=time.perf_counter() - t0, cpu_seconds=time.process_time() - c0, gap=gap,
                        message="closed form over the marginal algebra, which holds the optimum by symmetry",
                        extra={"unit_lower_bound": svdb, "kind": "optimal", "returned": "optimal"})
-        return self._adopt_factored(mw, workload, privacy, strategy, err, info, svdb)  # type: ignore[return-value]
+        return self._adopt(mw, workload, privacy, strategy, err, info)  # type: ignore[return-value]
 
     def kronecker_policy(self, privacy: Privacy) -> str | None:
         """The convex optimum per factor always: on a Kronecker workload it is the product of the factors'
