@@ -130,37 +130,24 @@ def _values(values: np.ndarray) -> list[float]:
     return v.tolist()
 
 
-def _laplace_measurement(scale: float) -> Any:
+def _measurement(scale: float, gaussian: bool) -> Any:
+    """OpenDP's Laplace (L1 distance) or Gaussian (L2 distance) measurement on a vector of floats."""
     dp = require_opendp()
-    space = dp.vector_domain(dp.atom_domain(T=float, nan=False)), dp.l1_distance(T=float)
-    return dp.m.make_laplace(*space, scale=scale)
+    make, distance = (dp.m.make_gaussian, dp.l2_distance) if gaussian else (dp.m.make_laplace, dp.l1_distance)
+    return make(dp.vector_domain(dp.atom_domain(T=float, nan=False)), distance(T=float), scale=scale)
 
 
-def _gaussian_measurement(sigma: float) -> Any:
-    dp = require_opendp()
-    space = dp.vector_domain(dp.atom_domain(T=float, nan=False)), dp.l2_distance(T=float)
-    return dp.m.make_gaussian(*space, scale=sigma)
-
-
-# The two samplers below add noise without charging a ledger: they stay private to this module,
-# which draws release noise only inside ``release`` after the ledger has been charged.
-def _secure_laplace(values: np.ndarray, scale: float) -> np.ndarray:
-    """values + Laplace(0, scale) noise per entry, drawn by OpenDP (shape of values, (r,))."""
-    scale = check_positive_number(scale, "Laplace scale")
-    v = _values(values)
-    return np.asarray(_laplace_measurement(scale)(v), dtype=float)
-
-
-def _secure_gaussian(values: np.ndarray, sigma: float) -> np.ndarray:
-    """values + N(0, sigma^2) noise per entry, drawn by OpenDP (shape of values, (r,))."""
-    sigma = check_positive_number(sigma, "Gaussian sigma")
-    v = _values(values)
-    return np.asarray(_gaussian_measurement(sigma)(v), dtype=float)
+# The sampler below adds noise without charging a ledger: it stays private to this module, which
+# draws release noise only inside ``release`` after the ledger has been charged.
+def _secure_noise(values: np.ndarray, scale: float, gaussian: bool) -> np.ndarray:
+    """values + Laplace(0, scale) or N(0, scale^2) noise per entry, drawn by OpenDP (shape of values, (r,))."""
+    scale = check_positive_number(scale, "Gaussian sigma" if gaussian else "Laplace scale")
+    return np.asarray(_measurement(scale, gaussian)(_values(values)), dtype=float)
 
 
 def noise_seconds(count: int, gaussian: bool, probe: int = 2000) -> float:
     """Estimated wall seconds for OpenDP to draw `count` noise values (its secure samplers, timed on a probe)."""
-    meas = _gaussian_measurement(1.0) if gaussian else _laplace_measurement(1.0)
+    meas = _measurement(1.0, gaussian)
     t0 = time.perf_counter()
     meas(_values(np.zeros(probe)))
     return (time.perf_counter() - t0) * count / probe
@@ -180,7 +167,7 @@ def _gaussian_certificate(sigma: float, sens2: float, delta: float) -> tuple[Any
     the given delta (make_zCDP_to_approxDP, then make_fix_delta).
     """
     dp = require_opendp()
-    meas = _gaussian_measurement(sigma)
+    meas = _measurement(sigma, gaussian=True)
     rho = float(meas.map(sens2))
     eps, fixed_delta = dp.c.make_fix_delta(dp.c.make_zCDP_to_approxDP(meas), delta).map(sens2)
     if fixed_delta != delta:  # make_fix_delta reports the delta it was given
@@ -723,7 +710,7 @@ def _noise_plan(strategy: Any, privacy: Privacy) -> tuple[str, float, float, Cha
     if delta == 0:
         sens = float(strategy.sens1)
         scale = sens / eps
-        meas = _laplace_measurement(scale)
+        meas = _measurement(scale, gaussian=False)
         certified = float(meas.map(sens))
         if certified > eps + slack:
             raise ReleaseUnavailableError(

@@ -31,19 +31,26 @@ from dpopt.release import (
     LedgerCorruptError,
     PrivacyLedger,
     ReleaseUnavailableError,
+    _secure_noise,  # module-private: no ledger
     certified_gaussian_sigma,
     gaussian_delta,
     release,
     zcdp_budget,
     zcdp_to_dp_epsilon,
 )
-from dpopt.release import _secure_gaussian as secure_gaussian  # module-private: no ledger
-from dpopt.release import _secure_laplace as secure_laplace
 from dpopt.strategy import Strategy
 
 COLUMNS = ["query", "answer", "std", "noise", "noise_scale", "mode", "mechanism", "strategy", "epsilon",
            "delta"]
 KS_ALPHA = 1e-6  # a correct sampler fails the KS check with probability 1e-6
+
+
+def secure_laplace(values: np.ndarray, scale: float) -> np.ndarray:
+    return _secure_noise(values, scale, gaussian=False)
+
+
+def secure_gaussian(values: np.ndarray, sigma: float) -> np.ndarray:
+    return _secure_noise(values, sigma, gaussian=True)
 
 
 def _ks_critical(n: int) -> float:
