@@ -85,11 +85,21 @@ def as_generator(seed: int | np.random.Generator | None) -> np.random.Generator:
     raise ValueError(f"seed must be an int, a numpy Generator or None, got {type(seed).__name__}")
 
 
-def check_gram(G: np.ndarray, *, name: str = "G", sym_rtol: float = 1e-10, allow_zero: bool = False) -> np.ndarray:
+def check_psd(lam: np.ndarray, what: str, rtol: float, scale: float) -> None:
+    """Refuse a symmetric matrix with eigenvalues lam unless min(lam) >= -rtol * scale (PSD up to round-off)."""
+    low = float(np.min(lam))
+    if low < -rtol * scale:
+        raise ValueError(f"{what} must be positive semidefinite (W^T W); smallest eigenvalue {low:.3e} "
+                         f"< -{rtol:g} * {scale:.3e}")
+
+
+def check_gram(G: np.ndarray, *, name: str = "G", sym_rtol: float = 1e-10, allow_zero: bool = False,
+               psd_rtol: float | None = None) -> np.ndarray:
     """Validate a Gram matrix G = W^T W and return it as a symmetric float64 array, shape (n, n).
 
     Raises ValueError for a non-array shape, non-square, empty, NaN/inf, non-symmetric (beyond
-    sym_rtol * max|G|), or all-zero input (unless allow_zero: a bound of the zero workload is 0).
+    sym_rtol * max|G|), or all-zero input (unless allow_zero: a bound of the zero workload is 0); with
+    psd_rtol, also for an eigenvalue below -psd_rtol * max(1, max|G|) (`check_psd`).
     """
     try:
         G = np.asarray(G, dtype=float)
@@ -110,4 +120,7 @@ def check_gram(G: np.ndarray, *, name: str = "G", sym_rtol: float = 1e-10, allow
             f"{name} must be symmetric (W^T W); max |G - G^T| = {asym:.3e} exceeds "
             f"{sym_rtol:g} * max|G| = {sym_rtol * scale:.3e}"
         )
-    return (G + G.T) / 2.0
+    G = (G + G.T) / 2.0
+    if psd_rtol is not None:
+        check_psd(np.linalg.eigvalsh(G), name, psd_rtol, max(1.0, scale))
+    return G

@@ -23,7 +23,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from dpopt.linalg import down_closure, eigen_weights, kron_matvec, mask_of, residual_rank
-from dpopt.validation import as_generator, check_finite_matrix, check_positive_int
+from dpopt.validation import as_generator, check_finite_matrix, check_positive_int, check_psd
 
 # Dense matrices larger than this many entries are refused (8 bytes each: 2 GB).
 MAX_DENSE_ENTRIES = 250_000_000
@@ -225,9 +225,7 @@ class GramWorkload(Workload):
             raise ValueError(f"Gram matrix must be square, got shape {G.shape}")
         if not np.allclose(G, G.T, rtol=1e-10, atol=1e-12 * max(1.0, np.abs(G).max())):
             raise ValueError("Gram matrix must be symmetric (W^T W)")
-        lam_min = float(np.linalg.eigvalsh(G)[0])
-        if lam_min < -1e-9 * max(1.0, float(np.abs(G).max())):
-            raise ValueError(f"Gram matrix must be positive semidefinite; smallest eigenvalue {lam_min:.3g}")
+        check_psd(np.linalg.eigvalsh(G), "Gram matrix", 1e-9, max(1.0, float(np.abs(G).max())))
         self._G = (G + G.T) / 2
         self._m = m
         self.name = name

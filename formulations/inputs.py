@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dpopt.validation import check_finite_matrix
+from dpopt.validation import check_finite_matrix, check_psd
 from dpopt.workloads import Workload
 
 ZERO_COLUMN_POLICIES = ("error", "drop")
@@ -109,12 +109,7 @@ def gram_data(workload_or_gram: Workload | np.ndarray, *, zero_columns: str = "e
     if not np.allclose(G, G.T, rtol=SYMMETRY_RTOL, atol=SYMMETRY_RTOL * scale):
         raise ValueError(f"Gram matrix of {name} must be symmetric (W^T W); it is not")
     G = (G + G.T) / 2
-    lam_min = float(np.linalg.eigvalsh(G)[0])
-    if lam_min < -PSD_RTOL * scale:
-        raise ValueError(
-            f"Gram matrix of {name} must be positive semidefinite (W^T W); "
-            f"its smallest eigenvalue is {lam_min:.3g}"
-        )
+    check_psd(np.linalg.eigvalsh(G), f"Gram matrix of {name}", PSD_RTOL, scale)
     return _restrict(G, name, zero_columns, log_scale)
 
 
@@ -170,10 +165,5 @@ def psd_part(X: np.ndarray, what: str, rtol: float = 1e-6) -> np.ndarray:
     """
     X = (X + X.T) / 2
     lam, Q = np.linalg.eigh(X)
-    top = max(float(lam.max()), np.finfo(float).tiny)
-    if lam.min() < -rtol * top:
-        raise ValueError(
-            f"{what} is not positive semidefinite within relative tolerance {rtol:g}: "
-            f"smallest eigenvalue {lam.min():.3g}, largest {top:.3g}"
-        )
+    check_psd(lam, what, rtol, max(float(lam.max()), np.finfo(float).tiny))
     return (Q * np.clip(lam, 0.0, None)) @ Q.T

@@ -204,14 +204,10 @@ class RangeSpace:
         return float(dm.max()) * t, dual_bound_from_factor(self.V, w), w
 
 def _check_G(G: Any) -> np.ndarray:
-    """G (or a workload's .gram()) checked by `check_gram`, and positive semidefinite to round-off."""
+    """G (or a workload's .gram()) checked by `check_gram`, positive semidefinite to round-off included."""
     if hasattr(G, "gram") and callable(G.gram):
         G = G.gram()
-    G = check_gram(G)
-    lam_min = float(np.linalg.eigvalsh(G).min())
-    if lam_min < -1e-9 * max(1.0, float(np.abs(G).max())):
-        raise ValueError(f"G must be positive semidefinite; smallest eigenvalue is {lam_min:.3e}")
-    return G
+    return check_gram(G, psd_rtol=1e-9)
 
 
 def spg(

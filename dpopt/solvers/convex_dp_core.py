@@ -36,6 +36,7 @@ import scipy.linalg as sla
 import scipy.sparse.linalg as spla
 
 from dpopt.solvers.result import CONVERGED, STALLED, SolverResult
+from dpopt.validation import check_psd
 
 #: Eigenvalues of G below RANK_TOL * max eigenvalue are treated as zero (G singular).
 RANK_TOL = 1e-12
@@ -56,11 +57,7 @@ def range_factor(
     top = float(lam[-1])
     if top <= 0.0:
         raise ValueError("G must be positive semidefinite with a positive eigenvalue; its largest eigenvalue is <= 0")
-    if lam[0] < -psd_rtol * top:
-        raise ValueError(
-            f"G must be positive semidefinite (W^T W); smallest eigenvalue {lam[0]:.3e} < "
-            f"-{psd_rtol:g} * largest ({top:.3e})"
-        )
+    check_psd(lam, "G", psd_rtol, top)
     keep = lam > rank_tol * top
     if full:
         V_full = (Q * np.sqrt(np.clip(lam, 0.0, None))).T

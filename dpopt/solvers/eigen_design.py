@@ -66,7 +66,7 @@ from dpopt.solvers.convex_dp_core import (
 )
 from dpopt.solvers.diag_dual_newton import DualPoint, PrimalPoint, maximise_dual, pcg
 from dpopt.solvers.result import SolverResult
-from dpopt.validation import check_gram
+from dpopt.validation import check_gram, check_psd
 
 #: Entry-wise tolerance on rows of P o P for two cells to count as the same constraint (`merge_equal_cells`).
 MERGE_ATOL = 1e-13
@@ -163,10 +163,7 @@ def _eigen_factor(
         lam, P = sla.eigh(G, driver="evd", check_finite=False)
     if lam[-1] <= 0.0:
         raise ValueError("G must be positive semidefinite with a positive eigenvalue")
-    if lam[0] < -1e-8 * lam[-1]:
-        raise ValueError(
-            f"G must be positive semidefinite (W^T W); smallest eigenvalue {lam[0]:.3e} < -1e-8 * largest"
-        )
+    check_psd(lam, "G", 1e-8, lam[-1])
     return lam, P, lam > rank_tol * lam[-1]
 
 
