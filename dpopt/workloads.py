@@ -379,25 +379,6 @@ class WidthK(Workload):
         return [f"[{s},{s + self._k - 1}]" for s in range(self._n - self._k + 1)]
 
 
-class _DenseWorkload(Workload):
-    """A workload generated once as a dense matrix self._W (m x n)."""
-
-    _W: np.ndarray
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return (int(self._W.shape[0]), int(self._W.shape[1]))
-
-    def matrix(self) -> np.ndarray:
-        return self._W
-
-    def sparse(self) -> sp.csr_matrix:
-        return sp.csr_matrix(self._W)
-
-    def gram(self) -> np.ndarray:
-        return self._W.T @ self._W
-
-
 class WRange(Workload):
     """WRange(m, n): m random ranges, endpoints uniform on the domain (seed 000, Section 6)."""
 
@@ -421,7 +402,7 @@ class WRange(Workload):
         return [f"[{a},{b}]" for a, b in zip(self._starts, self._ends, strict=True)]
 
 
-class WDiscrete(_DenseWorkload):
+class WDiscrete(ExplicitWorkload):
     """WDiscrete(m, n): W_ij = 1 with probability p = 0.02, else off_value (seed 000, Section 6).
 
     The paper's text sets the non-selected entries to -1 (`off_value=-1`, the default, as printed); the
@@ -436,44 +417,38 @@ class WDiscrete(_DenseWorkload):
         off_value: float = -1.0,
         p: float = 0.02,
     ) -> None:
-        self._m = check_positive_int(m, "m")
-        self._n = check_positive_int(n, "n")
+        m, n = check_positive_int(m, "m"), check_positive_int(n, "n")
         if off_value not in (-1, 0):
             raise ValueError(f"off_value must be -1 (the paper's text) or 0 (0/1 variant), got {off_value}")
         if not 0.0 < p < 1.0:
             raise ValueError(f"p must lie in (0, 1), got {p}")
-        rng = as_generator(seed)
-        on = rng.random((self._m, self._n)) < p
-        self._W = np.where(on, 1.0, float(off_value))
+        on = as_generator(seed).random((m, n)) < p
+        super().__init__(np.where(on, 1.0, float(off_value)), f"wdiscrete({m}x{n}{'' if off_value == -1 else ',0/1'})")
         self.off_value = float(off_value)
-        self.name = f"wdiscrete({self._m}x{self._n}{'' if off_value == -1 else ',0/1'})"
 
 
-class WRelated(_DenseWorkload):
+class WRelated(ExplicitWorkload):
     """WRelated(m, n, s) = C A with standard normal C (m x s) and A (s x n): rank s (seed 000, Section 6)."""
 
     def __init__(self, m: int, n: int, s: int, seed: int | np.random.Generator | None = 0) -> None:
-        self._m = check_positive_int(m, "m")
-        self._n = check_positive_int(n, "n")
+        m, n = check_positive_int(m, "m"), check_positive_int(n, "n")
         self.s = check_positive_int(s, "s")
         rng = as_generator(seed)
-        A = rng.standard_normal((self.s, self._n))
-        C = rng.standard_normal((self._m, self.s))
-        self._W = C @ A
-        self.name = f"wrelated({self._m}x{self._n},s={self.s})"
+        A = rng.standard_normal((self.s, n))
+        C = rng.standard_normal((m, self.s))
+        super().__init__(C @ A, f"wrelated({m}x{n},s={self.s})")
 
 
-class WTau(_DenseWorkload):
+class WTau(ExplicitWorkload):
     """W_tau(m, n, tau): the Orthogonal Mechanism paper's tau-sparse random workload (seed 001, Section 5)."""
 
     def __init__(self, m: int, n: int, tau: float, seed: int | np.random.Generator | None = 0) -> None:
         from dpopt.solvers.orthogonal import w_tau_matrix
 
-        self._m = check_positive_int(m, "m")
-        self._n = check_positive_int(n, "n")
+        m, n = check_positive_int(m, "m"), check_positive_int(n, "n")
         self.tau = float(tau)
-        self._W = np.asarray(w_tau_matrix(self._m, self._n, self.tau, as_generator(seed)), dtype=float)
-        self.name = f"wtau({self._m}x{self._n},tau={self.tau:g})"
+        super().__init__(np.asarray(w_tau_matrix(m, n, self.tau, as_generator(seed)), dtype=float),
+                         f"wtau({m}x{n},tau={self.tau:g})")
 
 
 class AllPredicate(_Family):
