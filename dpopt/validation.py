@@ -80,7 +80,7 @@ def as_generator(seed: int | np.random.Generator | None) -> np.random.Generator:
     """A numpy Generator from a seed, an existing Generator (used as is) or None (fresh entropy)."""
     if isinstance(seed, np.random.Generator):
         return seed
-    if seed is None or isinstance(seed, numbers.Integral):
+    if seed is None or (isinstance(seed, numbers.Integral) and not isinstance(seed, bool)):
         return np.random.default_rng(seed)
     raise ValueError(f"seed must be an int, a numpy Generator or None, got {type(seed).__name__}")
 

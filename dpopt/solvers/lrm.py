@@ -27,6 +27,7 @@ from dpopt.linalg import SVD_RANK_RTOL, rank_from_singular_values, svd_start
 from dpopt.solvers.l1ball import project_l1_ball_columns
 from dpopt.solvers.result import CONVERGED, FAILED, MAX_ITER, STALLED, TIME_LIMIT, SolverResult
 from dpopt.validation import (
+    as_generator,
     check_finite_matrix,
     check_positive_int,
     check_positive_number,
@@ -218,18 +219,12 @@ def _check_options(**opts: Any) -> None:
 
 
 def _make_rng(seed: Any, rng: Any) -> np.random.Generator:
-    """One Generator from either seed (int, Generator or None) or rng (Generator or None)."""
+    """One Generator from either seed (int, Generator or None; `as_generator`) or rng (Generator or None)."""
     if seed is not None and rng is not None:
         raise ValueError("give at most one of seed and rng")
-    if rng is not None:
-        if not isinstance(rng, np.random.Generator):
-            raise ValueError(f"rng must be a numpy.random.Generator; got {type(rng).__name__}")
-        return rng
-    if isinstance(seed, np.random.Generator):
-        return seed
-    if seed is None or (isinstance(seed, int | np.integer) and not isinstance(seed, bool)):
-        return np.random.default_rng(seed)
-    raise ValueError(f"seed must be an int, a numpy Generator or None; got {type(seed).__name__}")
+    if rng is not None and not isinstance(rng, np.random.Generator):
+        raise ValueError(f"rng must be a numpy.random.Generator; got {type(rng).__name__}")
+    return as_generator(seed if rng is None else rng)
 
 
 _START_NAMES = ("svd", "identity", "random")
@@ -385,9 +380,8 @@ def repair_pair(
             continue
         Lc = Lc / max(1.0, float(np.abs(Lc).sum(axis=0).max()))
         Bc = polish(W, Lc, gamma, tol)
-        l1 = float(np.abs(Lc).sum(axis=0).max())
-        factor = float(np.vdot(Bc, Bc)) * l1 * l1
-        if _feasible(float(np.linalg.norm(W - Bc @ Lc)), l1, normW, gamma, tol) and factor < best_factor:
+        resid, l1, factor = _pair_stats(W, Bc, Lc)
+        if _feasible(resid, l1, normW, gamma, tol) and factor < best_factor:
             best, best_factor = (Bc, Lc), factor
     return best
 
@@ -396,6 +390,12 @@ def _feasible(resid: float, max_l1: float, normW: float, gamma: float, tol: floa
     """The residual test of solve_lrm (and the column constraint to 1e-9)."""
     bound = tol * normW if gamma == 0.0 else gamma
     return resid <= bound * (1.0 + 1e-9) and max_l1 <= 1.0 + 1e-9
+
+
+def _pair_stats(W: np.ndarray, B: np.ndarray, L: np.ndarray) -> tuple[float, float, float]:
+    """(||W - B L||_F, max_j ||L[:, j]||_1, error factor ||B||_F^2 max_j ||L[:, j]||_1^2) of a pair (B, L)."""
+    l1 = float(np.abs(L).sum(axis=0).max())
+    return float(np.linalg.norm(W - B @ L)), l1, float(np.vdot(B, B)) * l1 * l1
 
 
 def _alm_run(
@@ -471,16 +471,14 @@ def _alm_run(
 
     L = project_l1_ball_columns(L)
     B = polish(W, L, gamma, tol)
-    resid = float(np.linalg.norm(W - B @ L))
-    max_l1 = float(np.abs(L).sum(axis=0).max())
+    resid, max_l1, factor = _pair_stats(W, B, L)
     repaired = False
     if o["repair"] and not _feasible(resid, max_l1, normW, gamma, tol):
         fixed = repair_pair(W, B, L, gamma, tol)
         if fixed is not None:
             missed = resid
             B, L = fixed
-            resid = float(np.linalg.norm(W - B @ L))
-            max_l1 = float(np.abs(L).sum(axis=0).max())
+            resid, max_l1, factor = _pair_stats(W, B, L)
             repaired = True
             message += f"; its pair missed the residual test ({missed:.3e}) and was repaired (repair_pair)"
     if status == CONVERGED and not _feasible(resid, max_l1, normW, gamma, tol):
@@ -488,7 +486,7 @@ def _alm_run(
         message = f"stopping rule met but the polished pair has residual {resid:.3e}"
     return {"B": B, "L": L, "status": status, "message": message, "nit": k, "ninner": ninner,
             "beta": beta, "revived": nrevived, "repaired": repaired, "resid": resid, "max_l1": max_l1,
-            "error_factor": float(np.vdot(B, B)) * max_l1 * max_l1,
+            "error_factor": factor,
             "fun_history": fun_hist, "residual_history": res_hist, "beta_history": beta_hist,
             "wall_seconds": time.perf_counter() - t_wall, "cpu_seconds": time.process_time() - t_cpu}
 
@@ -627,15 +625,14 @@ def solve_lrm(
     for i, (name, _B0, L0, _child) in enumerate(starts):
         L0 = project_l1_ball_columns(L0)
         B0 = polish(W, L0, gamma, tol)
-        resid0 = float(np.linalg.norm(W - B0 @ L0))
-        l1 = float(np.abs(L0).sum(axis=0).max())
-        factor0 = float(np.vdot(B0, B0)) * l1 * l1
-        if _feasible(resid0, l1, normW, gamma, tol):
+        resid0, l1, factor0 = _pair_stats(W, B0, L0)
+        ok0 = _feasible(resid0, l1, normW, gamma, tol)
+        if ok0:
             start_pairs.append({"start": name, "B": B0, "L": L0, "resid": resid0, "max_l1": l1,
                                 "error_factor": factor0})
         run = runs[i] if i < len(runs) else None
         table.append({"name": name,
-                      "start_factor": factor0 if _feasible(resid0, l1, normW, gamma, tol) else math.inf,
+                      "start_factor": factor0 if ok0 else math.inf,
                       "run_factor": math.inf if run is None or not _feasible(
                           run["resid"], run["max_l1"], normW, gamma, tol) else run["error_factor"],
                       "status": "skipped" if run is None else run["status"],
@@ -703,8 +700,7 @@ def solve_lrm(
                 " (repaired)" if best.get("repaired") else "")
 
     B, L = best["B"], best["L"]
-    resid = float(np.linalg.norm(W - B @ L))
-    max_l1 = float(np.abs(L).sum(axis=0).max())
+    resid, max_l1, factor = _pair_stats(W, B, L)
     fun = float(np.vdot(B, B))
     # The run that produced the returned pair (None when a start that never ran is returned).
     src = best if "beta" in best else next((u for u in runs if u["start"] == best["start"]), None)
@@ -715,7 +711,7 @@ def solve_lrm(
             "residual": resid,
             "rel_residual": resid / normW,
             "max_col_l1": max_l1,
-            "error_factor": fun * max_l1 * max_l1,
+            "error_factor": factor,
             "rank": r,
             "gamma": gamma,
             "start": best["start"],
