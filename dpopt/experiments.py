@@ -350,34 +350,28 @@ class SweepConfig:
         """All tasks, indexed 0..N-1 in grid order (template, size, mechanism, params, solver, eps, delta, rep)."""
         tasks: list[Task] = []
         for template in self.workloads:
-            used = _template_fields(template)
-            for point in _size_points(self.sizes, used):
+            for point in _size_points(self.sizes, _template_fields(template)):
                 for mech in self.mechanisms:
-                    for params in mech.expand():
-                        for solver in self.solvers:
-                            for eps in self.epsilon:
-                                for delta in self.delta:
-                                    for rep in range(self.repetitions):
-                                        spec = resolve_workload(template, point, rep)
-                                        tasks.append(
-                                            Task(
-                                                workload=spec,
-                                                mechanism=mech.name,
-                                                epsilon=eps,
-                                                delta=delta,
-                                                calibration=self.calibration,
-                                                solver=solver,
-                                                params=params,
-                                                repetition=rep,
-                                                template=template,
-                                                sizes=tuple(sorted(point.items())),
-                                                data=self.data,
-                                                monte_carlo_trials=self.monte_carlo_trials,
-                                                shared_fit=self.shared_fits,
-                                                time_limit=self.time_limit,
-                                                index=len(tasks),
-                                            )
-                                        )
+                    grid = itertools.product(mech.expand(), self.solvers, self.epsilon, self.delta,
+                                             range(self.repetitions))
+                    for params, solver, eps, delta, rep in grid:
+                        tasks.append(Task(
+                            workload=resolve_workload(template, point, rep),
+                            mechanism=mech.name,
+                            epsilon=eps,
+                            delta=delta,
+                            calibration=self.calibration,
+                            solver=solver,
+                            params=params,
+                            repetition=rep,
+                            template=template,
+                            sizes=tuple(sorted(point.items())),
+                            data=self.data,
+                            monte_carlo_trials=self.monte_carlo_trials,
+                            shared_fit=self.shared_fits,
+                            time_limit=self.time_limit,
+                            index=len(tasks),
+                        ))
         return tasks
 
 
