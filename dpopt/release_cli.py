@@ -363,12 +363,9 @@ def answer_command(args: argparse.Namespace) -> int:
             secs = noise_seconds(r, privacy.delta > 0)
             _say(args, f"drawing {r} noisy measurements with OpenDP: about {secs:.0f} s")
         answers, ledger = _release(args, mech, x, dom)
-    except BudgetExceededError as exc:
+    except (BudgetExceededError, ReleaseUnavailableError) as exc:
         print(f"dpopt answer: {exc}", file=sys.stderr)
-        return EXIT_BUDGET
-    except ReleaseUnavailableError as exc:
-        print(f"dpopt answer: {exc}", file=sys.stderr)
-        return EXIT_UNAVAILABLE
+        return EXIT_BUDGET if isinstance(exc, BudgetExceededError) else EXIT_UNAVAILABLE
     except (ValueError, OSError, KeyError) as exc:
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         print(f"dpopt answer: error: {msg}", file=sys.stderr)
