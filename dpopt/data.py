@@ -25,7 +25,7 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 
-from dpopt.validation import check_finite_vector
+from dpopt.validation import check_finite_vector, check_positive_int
 
 __all__ = [
     "Attribute",
@@ -413,11 +413,7 @@ class Domain:
                                  f"{{column: size}}, got {type(sizes).__name__}")
         attrs = []
         for name, k in sizes.items():
-            if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 1:
-                raise ValueError(
-                    f"domain size of column {name!r} must be a positive integer, got {k!r}"
-                )
-            attrs.append(IntegerRange(str(name), 0, int(k) - 1))
+            attrs.append(IntegerRange(str(name), 0, check_positive_int(k, f"domain size of column {name!r}") - 1))
         return cls(attrs)
 
     # -- shape -----------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from dpopt.data import Records, marginal_tables
 from dpopt.linalg import attrs_of, cells_of, residual_rank, submasks
 from dpopt.privacy import Perturb, Privacy, research_perturb
 from dpopt.strategy import FactoredStrategy, Strategy, StrategyError
+from dpopt.validation import check_choice
 from dpopt.workloads import MAX_DENSE_ENTRIES, Marginals
 
 KINDS = ("residual", "marginals")
@@ -75,8 +76,7 @@ class MarginalStrategy(FactoredStrategy):
         params: Sequence[float] | np.ndarray,
         name: str | None = None,
     ) -> None:
-        if kind not in KINDS:
-            raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+        check_choice(kind, KINDS, "kind")
         self.domain_sizes = tuple(int(n) for n in domain_sizes)
         d = len(self.domain_sizes)
         subs = [tuple(sorted({int(a) for a in s})) for s in subsets]

@@ -19,7 +19,7 @@ from functools import cached_property
 import numpy as np
 from scipy.special import log_ndtr
 
-from dpopt.validation import check_number, check_positive_number
+from dpopt.validation import check_choice, check_number, check_positive_number
 
 CALIBRATIONS = ("classic", "analytic")
 #: The one default calibration of the library and of every command: the seeds' classic Gaussian sigma, so the
@@ -42,8 +42,7 @@ class Privacy:
         check_number(delta, "delta")
         if not math.isfinite(delta) or not 0.0 <= delta < 1.0:
             raise ValueError(f"delta must lie in [0, 1), got {delta}")
-        if self.calibration not in CALIBRATIONS:
-            raise ValueError(f"calibration must be one of {CALIBRATIONS}, got {self.calibration!r}")
+        check_choice(self.calibration, CALIBRATIONS, "calibration")
         object.__setattr__(self, "epsilon", float(eps))
         object.__setattr__(self, "delta", float(delta))
 

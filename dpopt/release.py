@@ -63,7 +63,7 @@ from dpopt.data import Domain, Records, data_vector
 from dpopt.error import _row_sq_norms, answers_through
 from dpopt.privacy import Perturb, Privacy, gaussian_delta
 from dpopt.queries import DomainMismatchError, check_domain
-from dpopt.validation import check_finite_vector, check_number, check_positive_number
+from dpopt.validation import check_choice, check_finite_vector, check_number, check_positive_number
 
 __all__ = [
     "RELEASE",
@@ -296,8 +296,7 @@ class Charge:
         object.__setattr__(self, "epsilon", _cost_number(self.epsilon, "epsilon"))
         object.__setattr__(self, "delta", _cost_number(self.delta, "delta", below_one=True))
         object.__setattr__(self, "rho", _cost_number(self.rho, "rho"))
-        if self.noise not in NOISE_KINDS:
-            raise ValueError(f"charge noise must be one of {NOISE_KINDS}, got {self.noise!r}")
+        check_choice(self.noise, NOISE_KINDS, "charge noise")
         if not isinstance(self.label, str):
             raise ValueError(f"charge label must be a string, got {self.label!r}")
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -48,6 +50,13 @@ def check_positive_int(v: object, what: str) -> int:
     if isinstance(v, bool) or not isinstance(v, numbers.Integral) or int(v) < 1:
         raise ValueError(f"{what} must be a positive integer, got {v!r}")
     return int(v)
+
+
+def check_choice(value: Any, choices: Sequence[Any], what: str) -> Any:
+    """Return value if it is one of choices; ValueError naming what and the choices otherwise."""
+    if value not in choices:
+        raise ValueError(f"{what} must be one of {choices}, got {value!r}")
+    return value
 
 
 def check_number(v: object, what: str) -> float:

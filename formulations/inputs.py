@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dpopt.validation import check_finite_matrix, check_psd
+from dpopt.validation import check_choice, check_finite_matrix, check_psd
 from dpopt.workloads import Workload
 
 ZERO_COLUMN_POLICIES = ("error", "drop")
@@ -59,8 +59,7 @@ class GramData:
 
 
 def _check_zero_columns_policy(zero_columns: str) -> None:
-    if zero_columns not in ZERO_COLUMN_POLICIES:
-        raise ValueError(f"zero_columns must be one of {ZERO_COLUMN_POLICIES}, got {zero_columns!r}")
+    check_choice(zero_columns, ZERO_COLUMN_POLICIES, "zero_columns")
 
 
 def _restrict(G: np.ndarray, name: str, zero_columns: str, log_scale: float) -> GramData:

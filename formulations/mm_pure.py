@@ -50,6 +50,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from dpopt.privacy import Privacy
+from dpopt.validation import check_choice
 from dpopt.workloads import Workload
 from formulations.model import Model
 from formulations.schur import schur_block
@@ -97,8 +98,7 @@ def build(
         PSD and ||A[:, j]||_1 <= 1; this does not change the value (see the module docstring).
     The value (Model.scale * problem.value) is trace-units: multiply by 2/eps^2 (see `bound`).
     """
-    if cuts not in CUTS:
-        raise ValueError(f"cuts must be one of {CUTS}, got {cuts!r}")
+    check_choice(cuts, CUTS, "cuts")
     t0 = time.perf_counter()
     b = schur_block(workload_or_gram, zero_columns)
     data, s, X, Y = b.data, b.scale, b.X, b.Y

@@ -53,7 +53,7 @@ from dpopt.privacy import Privacy
 from dpopt.solvers.marginal_opt import residual_planner
 from dpopt.solvers.result import CONVERGED, MAX_ITER, STALLED, SolverResult, relative_gap
 from dpopt.strategy import RANK_RTOL, Strategy
-from dpopt.validation import check_finite_vector
+from dpopt.validation import check_choice, check_finite_vector
 from dpopt.workloads import Marginals, Workload, kron_form
 
 STRATEGY_KINDS = ("eigen", "optimal", "appendix-b")
@@ -104,8 +104,7 @@ def _gram_factors(X: np.ndarray) -> dict[str, np.ndarray]:
 
 def factor_gram(X: np.ndarray, factor: str, privacy: Privacy) -> tuple[np.ndarray, str]:
     """A (r x n) with A^T A = X and the name of the factor used (see the module docstring for "auto")."""
-    if factor not in FACTORS:
-        raise ValueError(f"factor must be one of {FACTORS}, got {factor!r}")
+    check_choice(factor, FACTORS, "factor")
     cands = _gram_factors(X)
     if factor == "auto":
         if not privacy.is_pure:
@@ -176,8 +175,7 @@ class MatrixMechanism(Mechanism):
         objective: str = "sum",
         targets: Any = None,
     ) -> None:
-        if objective not in OBJECTIVES:
-            raise ValueError(f"{self.short_name}: objective must be one of {OBJECTIVES}, got {objective!r}")
+        check_choice(objective, OBJECTIVES, f"{self.short_name}: objective")
         if objective == "max" and strategy != "optimal":
             raise ValueError(f"{self.short_name}: objective='max' applies to the convex optimum (mm-optimal) only")
         if targets is not None and objective != "max":
@@ -189,18 +187,15 @@ class MatrixMechanism(Mechanism):
         self.objective = objective
         self.targets = targets
         if isinstance(strategy, str):
-            if strategy not in STRATEGY_KINDS:
-                raise ValueError(f"{self.short_name}: strategy must be one of {STRATEGY_KINDS}, got {strategy!r}")
+            check_choice(strategy, STRATEGY_KINDS, f"{self.short_name}: strategy")
         else:
             strategy = _strategy_from_given(strategy)
         if not isinstance(solver, str) or not (solver in ("auto", "hand") or solver.startswith("cvxpy")):
             raise ValueError(
                 f"{self.short_name}: solver must be 'auto', 'hand' or 'cvxpy[:NAME]', got {solver!r}"
             )
-        if inference not in INFERENCES:
-            raise ValueError(f"{self.short_name}: inference must be one of {INFERENCES}, got {inference!r}")
-        if factor not in FACTORS:
-            raise ValueError(f"{self.short_name}: factor must be one of {FACTORS}, got {factor!r}")
+        check_choice(inference, INFERENCES, f"{self.short_name}: inference")
+        check_choice(factor, FACTORS, f"{self.short_name}: factor")
         self.strategy = strategy
         self.solver = solver
         self.inference = inference

@@ -44,6 +44,7 @@ from dpopt.mechanisms.base import Mechanism, MechanismError, Selection
 from dpopt.privacy import Privacy
 from dpopt.solvers.orthogonal import _BASES, OMStrategy, om_expected_error, orthogonal_strategy
 from dpopt.strategy import Strategy
+from dpopt.validation import check_choice
 from dpopt.workloads import Workload
 
 # Theorem 5 and the core's expected error are the same formula; they must agree to rounding.
@@ -91,8 +92,7 @@ class OrthogonalMechanism(Mechanism):
     ) -> None:
         if not isinstance(baselines, bool):
             raise ValueError(f"om: baselines must be True or False, got {baselines!r}")
-        if basis not in _BASES:
-            raise ValueError(f"om: basis must be one of {_BASES}, got {basis!r}")
+        check_choice(basis, _BASES, "om: basis")
         if not 0.0 < tol < 1.0 or not 0.0 < residual_tol < 1.0:
             raise ValueError(f"om: tol and residual_tol must lie in (0, 1), got {tol}, {residual_tol}")
         self.seed = seed

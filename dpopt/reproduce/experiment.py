@@ -11,6 +11,7 @@ from typing import Any
 import pandas as pd
 
 from dpopt.experiments import Task, resolve_workload
+from dpopt.validation import check_choice
 
 SCALES = ("small", "default", "full")
 
@@ -27,8 +28,7 @@ PAPER_PARAMS: dict[str, dict[str, Any]] = {
 
 def check_scale(scale: str) -> str:
     """Validate a scale name: 'small' (seconds), 'default' (minutes) or 'full' (the paper's)."""
-    if scale not in SCALES:
-        raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
+    check_choice(scale, SCALES, "scale")
     return scale
 
 

@@ -49,7 +49,7 @@ from dpopt.solvers.convex_dp_core import (
 from dpopt.solvers.convex_dp_dual import solve_dual
 from dpopt.solvers.convex_dp_primal import solve_primal, svdb_start
 from dpopt.solvers.result import SolverResult
-from dpopt.validation import check_gram
+from dpopt.validation import check_choice, check_gram
 
 __all__ = ["solve_convex_dp", "convex_dp_dual_bound", "convex_dp_objective", "svdb_start", "svdb_multipliers"]
 
@@ -148,8 +148,7 @@ def solve_convex_dp(
     extra["A"] (r, n) is a strategy with A^T A = X, extra["d"] the multipliers of the certificate,
     extra["rank"] = rank of G, extra["history"] per-iteration records.
     """
-    if method not in _METHODS:
-        raise ValueError(f"method must be one of {_METHODS}; got {method!r}")
+    check_choice(method, _METHODS, "method")
     dual = method == "dual"
     max_iter = (100 if dual else 300) if max_iter is None else int(max_iter)
     max_cg = (200 if dual else 100) if max_cg is None else int(max_cg)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from dpopt.validation import check_choice
+
 METHODS = ("michelot", "sort")
 
 # A pass of the pivot iteration runs on the columns that still move; once at most this fraction of
@@ -42,8 +44,7 @@ def project_l1_ball_columns(V: np.ndarray, radius: float = 1.0, *, method: str =
         Columns already inside the ball (||v||_1 <= radius) are returned bit-for-bit unchanged;
         the others lie on the sphere ||l||_1 = radius up to rounding.
     """
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}; got {method!r}")
+    check_choice(method, METHODS, "method")
     V = np.asarray(V, dtype=float)
     if V.ndim not in (1, 2):
         raise ValueError(f"V must be a vector or an (r, n) matrix; got an array with {V.ndim} dims")

@@ -234,9 +234,7 @@ def _resolve_rank(W: np.ndarray, rank: Any) -> int:
     """The rank option as an int: default ceil(1.2 rank(W)), else a validated positive integer."""
     if rank is None:
         return default_rank(W)
-    if isinstance(rank, bool) or not isinstance(rank, int | np.integer) or rank < 1:
-        raise ValueError(f"rank must be a positive integer or None; got {rank!r}")
-    return int(rank)
+    return check_positive_int(rank, "rank")
 
 
 def _starts(

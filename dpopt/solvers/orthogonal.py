@@ -39,7 +39,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from dpopt.validation import check_finite_matrix, check_positive_number
+from dpopt.validation import check_choice, check_finite_matrix, check_positive_number
 
 Basis = Literal["auto", "rows", "orthonormal"]
 _BASES = ("auto", "rows", "orthonormal")
@@ -234,8 +234,7 @@ def subdomain_queries(C: np.ndarray, *, basis: Basis = "auto", tol: float = 1e-1
     """
     C = check_finite_matrix(C, "C")
     tol = _check_tol(tol)
-    if basis not in _BASES:
-        raise ValueError(f"basis must be one of {_BASES}, got {basis!r}")
+    check_choice(basis, _BASES, "basis")
     if basis in ("rows", "auto"):
         keep = _greedy_independent(C, np.arange(C.shape[0]), tol)
         if not keep:
@@ -275,8 +274,7 @@ def construct_w_tilde(
     """
     W = check_finite_matrix(W, "W")
     tol = _check_tol(tol)
-    if basis not in _BASES:
-        raise ValueError(f"basis must be one of {_BASES}, got {basis!r}")
+    check_choice(basis, _BASES, "basis")
     if not np.any(W):
         raise ValueError("W has no non-zero entry; the Orthogonal Mechanism needs at least one non-zero query")
     rows = select_independent_rows(W, rng=rng, tol=tol)
