@@ -28,7 +28,7 @@ import numpy as np
 from scipy.special import gammaln
 
 from dpopt.linalg import psd_sqrt
-from dpopt.validation import check_gram
+from dpopt.validation import check_gram, check_positive_number
 from dpopt.workloads import Workload, _scaled, as_workload
 
 EPS = float(np.finfo(float).eps)
@@ -231,8 +231,7 @@ def lrm_upper_bound_lemma3(workload: Workload | np.ndarray, epsilon: float) -> f
     The paper prints sum lambda_k^2 r / eps^2; the factor 2 is the Laplace variance 2 b^2 that its
     Theorem 3 and Lemma 1 include, kept here so the bound compares with dpopt's error convention.
     """
-    if not epsilon > 0:
-        raise ValueError(f"epsilon must be > 0, got {epsilon}")
+    epsilon = check_positive_number(epsilon, "epsilon")
     w = as_workload(workload)
     d = _gram_eigenvalues(w.gram())
     r = int(np.count_nonzero(d > 1e-10 * d.max()))
@@ -245,8 +244,7 @@ def lrm_lower_bound_lemma4(workload: Workload | np.ndarray, epsilon: float) -> f
     Hardt and Talwar's bound holds up to an unspecified constant, so this is an order of magnitude, not a
     certified lower bound; dpopt never uses it as `bound`. Computed in log space.
     """
-    if not epsilon > 0:
-        raise ValueError(f"epsilon must be > 0, got {epsilon}")
+    epsilon = check_positive_number(epsilon, "epsilon")
     w = as_workload(workload)
     d = _gram_eigenvalues(w.gram())
     d = d[d > 1e-10 * d.max()]

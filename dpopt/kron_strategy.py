@@ -44,6 +44,11 @@ def _is_identity(B: np.ndarray | sp.spmatrix) -> bool:
     return D.count_nonzero() == 0
 
 
+def _terms(w: Workload) -> list[tuple[float, Kron]]:
+    """The weighted Kronecker parts of a workload in Kronecker form: [(1, W)] for one product, else the Stack's."""
+    return [(1.0, w)] if isinstance(w, Kron) else [(float(wt), p) for wt, p in zip(w.weights, w.parts, strict=True)]  # type: ignore[attr-defined]
+
+
 class KronStrategy(FactoredStrategy):
     """A = A_1 (x) ... (x) A_d with least-squares reconstruction B = W A^+ through the factors."""
 
@@ -226,11 +231,10 @@ class KronStrategy(FactoredStrategy):
         if self.direct:
             self._check_measures(w)
             return y
-        terms = [(1.0, w)] if isinstance(w, Kron) else list(zip(w.weights, w.parts, strict=True))  # type: ignore[attr-defined]
         return np.concatenate([
-            float(wt) * kron_matvec([np.asarray(f.sparse() @ P) for f, P in zip(part.factors, self._pinv_factors,
+            wt * kron_matvec([np.asarray(f.sparse() @ P) for f, P in zip(part.factors, self._pinv_factors,
                                                                                 strict=True)], y)
-            for wt, part in terms
+            for wt, part in _terms(w)
         ])
 
     def query_unit_variances(self, workload: Workload) -> np.ndarray:
@@ -244,13 +248,8 @@ class KronStrategy(FactoredStrategy):
         if self.direct:
             self._check_measures(w)
             return np.ones(int(w.m))
-        parts = getattr(w, "parts", None)
-        if parts is None:
-            parts, weights = [w], [1.0]
-        else:
-            weights = [float(v) for v in w.weights]  # type: ignore[attr-defined]
         out = []
-        for wt, part in zip(weights, parts, strict=True):
+        for wt, part in _terms(w):
             v = np.ones(1)
             for f, P in zip(part.factors, self.factor_pinvs, strict=True):  # type: ignore[attr-defined]
                 Wk = f.matrix()

@@ -204,15 +204,14 @@ class LowRankMechanism(Mechanism):
         """A capped solver's start (B, L), or a better valid pair at hand: the last iterate L, projected
         and given B by `polish`, or (gamma = 0) the noise-on-data start `identity_start` (W = W I)."""
         from dpopt.solvers.l1ball import project_l1_ball_columns
-        from dpopt.solvers.lrm import identity_start, polish
+        from dpopt.solvers.lrm import identity_start, pair_stats, polish
 
         bound = self.gamma if self.gamma > 0 else self.tol * float(np.linalg.norm(W))
 
         def factor(B: np.ndarray, L: np.ndarray) -> float:
             """||B||_F^2 max_j ||L[:, j]||_1^2 (the error up to P), inf unless the pair is feasible."""
-            l1 = float(np.abs(L).sum(axis=0).max())
-            ok = float(np.linalg.norm(W - B @ L)) <= bound and l1 <= 1.0 + 1e-9
-            return float(np.vdot(B, B)) * l1 * l1 if ok else math.inf
+            resid, l1, f = pair_stats(W, B, L)
+            return f if resid <= bound and l1 <= 1.0 + 1e-9 else math.inf
 
         best = (factor(B, L), B, L, "")
         candidates = []

@@ -378,7 +378,7 @@ def repair_pair(
             continue
         Lc = Lc / max(1.0, float(np.abs(Lc).sum(axis=0).max()))
         Bc = polish(W, Lc, gamma, tol)
-        resid, l1, factor = _pair_stats(W, Bc, Lc)
+        resid, l1, factor = pair_stats(W, Bc, Lc)
         if _feasible(resid, l1, normW, gamma, tol) and factor < best_factor:
             best, best_factor = (Bc, Lc), factor
     return best
@@ -390,7 +390,7 @@ def _feasible(resid: float, max_l1: float, normW: float, gamma: float, tol: floa
     return resid <= bound * (1.0 + 1e-9) and max_l1 <= 1.0 + 1e-9
 
 
-def _pair_stats(W: np.ndarray, B: np.ndarray, L: np.ndarray) -> tuple[float, float, float]:
+def pair_stats(W: np.ndarray, B: np.ndarray, L: np.ndarray) -> tuple[float, float, float]:
     """(||W - B L||_F, max_j ||L[:, j]||_1, error factor ||B||_F^2 max_j ||L[:, j]||_1^2) of a pair (B, L)."""
     l1 = float(np.abs(L).sum(axis=0).max())
     return float(np.linalg.norm(W - B @ L)), l1, float(np.vdot(B, B)) * l1 * l1
@@ -469,14 +469,14 @@ def _alm_run(
 
     L = project_l1_ball_columns(L)
     B = polish(W, L, gamma, tol)
-    resid, max_l1, factor = _pair_stats(W, B, L)
+    resid, max_l1, factor = pair_stats(W, B, L)
     repaired = False
     if o["repair"] and not _feasible(resid, max_l1, normW, gamma, tol):
         fixed = repair_pair(W, B, L, gamma, tol)
         if fixed is not None:
             missed = resid
             B, L = fixed
-            resid, max_l1, factor = _pair_stats(W, B, L)
+            resid, max_l1, factor = pair_stats(W, B, L)
             repaired = True
             message += f"; its pair missed the residual test ({missed:.3e}) and was repaired (repair_pair)"
     if status == CONVERGED and not _feasible(resid, max_l1, normW, gamma, tol):
@@ -623,7 +623,7 @@ def solve_lrm(
     for i, (name, _B0, L0, _child) in enumerate(starts):
         L0 = project_l1_ball_columns(L0)
         B0 = polish(W, L0, gamma, tol)
-        resid0, l1, factor0 = _pair_stats(W, B0, L0)
+        resid0, l1, factor0 = pair_stats(W, B0, L0)
         ok0 = _feasible(resid0, l1, normW, gamma, tol)
         if ok0:
             start_pairs.append({"start": name, "B": B0, "L": L0, "resid": resid0, "max_l1": l1,
@@ -698,7 +698,7 @@ def solve_lrm(
                 " (repaired)" if best.get("repaired") else "")
 
     B, L = best["B"], best["L"]
-    resid, max_l1, factor = _pair_stats(W, B, L)
+    resid, max_l1, factor = pair_stats(W, B, L)
     fun = float(np.vdot(B, B))
     # The run that produced the returned pair (None when a start that never ran is returned).
     src = best if "beta" in best else next((u for u in runs if u["start"] == best["start"]), None)
