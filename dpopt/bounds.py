@@ -217,14 +217,6 @@ def thm56_upper_bound(workload: Workload | np.ndarray) -> float:
     return _scaled(val, w.gram_log_scale)
 
 
-def svdb_strategy_gram(G: np.ndarray) -> np.ndarray:
-    """X = sqrt(W^T W) rescaled to max diagonal 1: the strategy behind Thm. 5.6 (seed 004 Sec. 4.2).
-
-    (`dpopt.solvers.convex_dp_primal.svdb_start` rescales the same root to unit diagonal instead.)"""
-    S = psd_sqrt(G)
-    return S / float(np.max(np.diag(S)))
-
-
 def lrm_upper_bound_lemma3(workload: Workload | np.ndarray, epsilon: float) -> float:
     """LRM Lemma 3 (seed 000): error of B = sqrt(r) U Sigma, L = V^T / sqrt(r) is <= 2 r sum sigma_k^2 / eps^2.
 

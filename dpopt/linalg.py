@@ -93,6 +93,21 @@ def psd_sqrt(X: np.ndarray) -> np.ndarray:
     return (V * np.sqrt(np.clip(lam, 0.0, None))) @ V.T
 
 
+def unit_diagonal(X: np.ndarray) -> np.ndarray:
+    """D^{-1/2} X D^{-1/2}, D = diag(X) > 0: X rescaled to unit diagonal, its diagonal set to 1 exactly (n x n)."""
+    scale = 1.0 / np.sqrt(np.diag(X))
+    out = X * scale[:, None] * scale[None, :]
+    np.fill_diagonal(out, 1.0)
+    return out
+
+
+def svdb_strategy_gram(G: np.ndarray, unit: bool = False) -> np.ndarray:
+    """X = sqrt(W^T W) rescaled to max diagonal 1: the strategy behind Thm. 5.6 (seed 004 Sec. 4.2); with unit,
+    rescaled to unit diagonal instead (proof of Thm. 4.2; the start of the primal Newton-CG), (n, n)."""
+    S = psd_sqrt(G)
+    return unit_diagonal(S) if unit else S / float(np.max(np.diag(S)))
+
+
 #: Singular values below this fraction of the largest count as zero (`rank_from_singular_values`).
 SVD_RANK_RTOL = 1e-10
 

@@ -22,10 +22,10 @@ from dpopt.bounds import (
     range_projections,
     supreme_svd_bound,
     svd_bound,
-    svdb_strategy_gram,
     thm56_upper_bound,
 )
 from dpopt.error import expected_error
+from dpopt.linalg import svdb_strategy_gram
 from dpopt.privacy import Privacy
 from dpopt.strategy import Strategy
 from dpopt.workloads import AllPredicate, AllRange, ExplicitWorkload, WRelated

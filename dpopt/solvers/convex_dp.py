@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from dpopt.linalg import unit_diagonal
 from dpopt.solvers.convex_dp_core import (
     RANK_TOL,
     check_multipliers,
@@ -47,11 +48,11 @@ from dpopt.solvers.convex_dp_core import (
     unscaled_callback,
 )
 from dpopt.solvers.convex_dp_dual import solve_dual
-from dpopt.solvers.convex_dp_primal import solve_primal, svdb_start
+from dpopt.solvers.convex_dp_primal import solve_primal
 from dpopt.solvers.result import SolverResult
 from dpopt.validation import check_choice, check_gram
 
-__all__ = ["solve_convex_dp", "convex_dp_dual_bound", "convex_dp_objective", "svdb_start", "svdb_multipliers"]
+__all__ = ["solve_convex_dp", "convex_dp_dual_bound", "convex_dp_objective", "svdb_multipliers"]
 
 _METHODS = ("dual", "primal")
 
@@ -71,12 +72,9 @@ def _check_start(x0: np.ndarray, G: np.ndarray, V_full: np.ndarray | None, metho
         expected = f"({n}, {n}) matrix X0" + (f" or ({n},) multipliers d0" if method == "dual" else "")
         raise ValueError(f"x0 must be an {expected}; got shape {x0.shape}")
     x0 = (x0 + x0.T) / 2.0
-    diag = np.diag(x0)
-    if (diag <= 0).any():
+    if (np.diag(x0) <= 0).any():
         raise ValueError("x0 must be positive definite; it has a non-positive diagonal entry")
-    scale = 1.0 / np.sqrt(diag)
-    X0 = x0 * scale[:, None] * scale[None, :]
-    np.fill_diagonal(X0, 1.0)
+    X0 = unit_diagonal(x0)
     try:
         L = np.linalg.cholesky(X0)
     except np.linalg.LinAlgError:

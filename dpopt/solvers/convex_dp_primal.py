@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import scipy.linalg as sla
 
-from dpopt.linalg import psd_sqrt
+from dpopt.linalg import svdb_strategy_gram
 from dpopt.solvers.convex_dp_core import certified_status, dual_bound_from_factor
 from dpopt.solvers.diag_dual_newton import pcg
 from dpopt.solvers.result import (
@@ -42,15 +42,6 @@ from dpopt.solvers.result import (
 
 _ARMIJO = 1e-4
 _MAX_BACKTRACK = 50
-
-
-def svdb_start(G: np.ndarray) -> np.ndarray:
-    """SVD-bound strategy Gram G^{1/2} rescaled to unit diagonal (seed 004, proof of Thm. 4.2), (n, n)."""
-    root = psd_sqrt(G)
-    scale = 1.0 / np.sqrt(np.diag(root))
-    X0 = root * scale[:, None] * scale[None, :]
-    np.fill_diagonal(X0, 1.0)
-    return X0
 
 
 def _cheap_dual(V: np.ndarray, d: np.ndarray) -> float:
@@ -143,7 +134,7 @@ def solve_primal(
         }
     else:
         G_eff, V_eff = G, V_full
-    model = _try_point(svdb_start(G_eff) if X0 is None else X0, V_eff)
+    model = _try_point(svdb_strategy_gram(G_eff, unit=True) if X0 is None else X0, V_eff)
     if model is None:
         raise ValueError("the starting point X0 is not positive definite")
     model.finish()
