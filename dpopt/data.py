@@ -25,7 +25,7 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 
-from dpopt.validation import check_finite_vector, check_positive_int
+from dpopt.validation import check_choice, check_finite_vector, check_positive_int
 
 __all__ = [
     "Attribute",
@@ -660,8 +660,7 @@ def records(
         raise ValueError(f"histogram needs a pandas DataFrame, got {type(df).__name__}")
     if not isinstance(domain, Domain):
         raise ValueError(f"histogram needs a Domain, got {type(domain).__name__}")
-    if on_invalid not in ("error", "drop", "bucket"):
-        raise ValueError(f"on_invalid must be 'error', 'drop' or 'bucket', got {on_invalid!r}")
+    check_choice(on_invalid, ("error", "drop", "bucket"), "on_invalid")
     absent = [n for n in domain.names if n not in df.columns]
     if absent:
         raise ValueError(

@@ -71,7 +71,7 @@ import numpy as np
 from dpopt.linalg import svd_start
 from dpopt.solvers.result import CONVERGED, MAX_ITER, STALLED, TIME_LIMIT, SolverResult
 from dpopt.strategy import Strategy
-from dpopt.validation import as_generator, check_positive_int, check_positive_number
+from dpopt.validation import as_generator, check_choice, check_positive_int, check_positive_number
 from dpopt.workloads import Workload
 from formulations.inputs import workload_matrix
 from formulations.model import Model
@@ -233,8 +233,7 @@ def fit(
         check_positive_int(v, name)
     for name, v in (("rtol", rtol), ("beta0", beta0), ("beta_max", beta_max)):
         check_positive_number(v, name)
-    if l_step_scale not in ("auto", "sqrt_beta", "unit"):
-        raise ValueError(f"l_step_scale must be 'auto', 'sqrt_beta' or 'unit', got {l_step_scale!r}")
+    check_choice(l_step_scale, ("auto", "sqrt_beta", "unit"), "l_step_scale")
     if l_step_scale == "auto":
         l_step_scale = "unit" if str(solver).strip().lower() in FIRST_ORDER_SOLVERS else "sqrt_beta"
     rank = int(np.linalg.matrix_rank(W))
