@@ -227,22 +227,15 @@ MAX_QUERY_VARIANCE_ENTRIES = 50_000_000
 def max_query_std(mech: Any) -> float:
     """sqrt(max_i Var(q_i)): the largest per-query standard deviation of a fitted mechanism's error model.
 
-    Through the error report's per-query variances where it lists them, else the mechanism's own
-    `query_unit_variances` (Kronecker, marginal) times P sens^2; NaN when the queries are too many to list.
+    From the error report's per-query variances (through the factors for a factored strategy); NaN when the
+    queries are too many to list, or the workload has no rows to list (known by its Gram, or too large).
     """
     w = mech.workload_
     r = mech.strategy_.shape[0]
     if w.m * max(r, w.n) > MAX_QUERY_VARIANCE_ENTRIES:
         return math.nan
     per_query = getattr(mech.expected_error_, "per_query", None)
-    if per_query is None:
-        try:  # through the strategy's factors; a workload known only by its Gram has no queries to list
-            unit = np.asarray(mech.query_unit_variances())
-        except (ValueError, WorkloadTooLargeError, MemoryError):
-            return math.nan
-        sens = mech.strategy_.sensitivity(mech.privacy_.norm)
-        per_query = mech.privacy_.variance_factor * sens**2 * unit
-    return math.sqrt(float(np.max(per_query)))
+    return math.nan if per_query is None else math.sqrt(float(np.max(per_query)))
 
 
 def _fit_row(name: str, workload: Workload, privacy: Privacy, time_limit: float | None,
