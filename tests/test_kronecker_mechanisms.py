@@ -41,14 +41,14 @@ def test_baselines_per_factor_equal_the_dense_fit(name, privacy_name):
     w = parse_workload(spec)
     # laplace always goes per factor on a Kron (A = W); its dense form is fitted on W's explicit rows
     dense = make_mechanism(name).fit(ExplicitWorkload(w.sparse(), name="dense") if name == "laplace" else w, privacy)
-    assert not dense._factored()
+    assert not dense.strategy_.factored
     fac = _per_factor(name, spec, privacy)
-    assert fac._factored()
+    assert fac.strategy_.factored
     assert fac.expected_error_.total == pytest.approx(dense.expected_error_.total, rel=RTOL)
     assert fac.expected_error_.sensitivity == pytest.approx(dense.expected_error_.sensitivity, rel=RTOL)
     # per-query variances through the factors equal the squared row norms of the dense B = W A^+
     np.testing.assert_allclose(fac.query_unit_variances(), dense.query_unit_variances(), rtol=RTOL, atol=0)
-    assert fac._strategy_rank() == dense._strategy_rank()
+    assert fac.strategy_.rank == dense.strategy_.rank
 
 
 @pytest.mark.parametrize("name", KRONECKER_FORMS)
@@ -71,9 +71,9 @@ def test_mm_optimal_per_factor_is_the_dense_optimum_with_a_combined_certificate(
     privacy = PRIVACIES["approx"]
     w = parse_workload("kron:allrange:8,prefix:4")
     fac = make_mechanism("mm-optimal").fit(w, privacy)
-    assert fac._factored() and fac.fit_info_.solver.endswith("per factor")
+    assert fac.strategy_.factored and fac.fit_info_.solver.endswith("per factor")
     dense = make_mechanism("mm-optimal").fit(GramWorkload(w.gram(), name="dense", m=w.m), privacy)
-    assert not dense._factored()
+    assert not dense.strategy_.factored
     gap_f, gap_d = fac.fit_info_.gap, dense.fit_info_.gap
     assert gap_f is not None and gap_d is not None and 0 <= max(gap_f, 0) <= 1e-7
     e_f, e_d = fac.expected_error_.total, dense.expected_error_.total
@@ -88,7 +88,7 @@ def test_mm_optimal_max_objective_per_factor_multiplies_the_factors_maxima():
     privacy = PRIVACIES["approx"]
     w = parse_workload("kron:prefix:8,prefix:4")
     fac = make_mechanism("mm-optimal", objective="max").fit(w, privacy)
-    assert fac._factored()
+    assert fac.strategy_.factored
     parts = [make_mechanism("mm-optimal", objective="max").fit(f, privacy) for f in w.factors]
     unit = [float(np.max(p.query_unit_variances())) * p.strategy_.sensitivity(2) ** 2 for p in parts]
     got = float(np.max(fac.query_unit_variances())) * fac.strategy_.sensitivity(2) ** 2

@@ -19,7 +19,7 @@ def test_closed_form_is_the_dense_convex_optimum(spec):
     # SVD bound. They agree within the dense gap plus the rounding of both evaluations (1e-12 relative).
     w = parse_workload(spec)
     fac = make_mechanism("mm-optimal").fit(w, APPROX)
-    assert fac._factored() and fac.fit_info_.solver.startswith("residual planner")
+    assert fac.strategy_.factored and fac.fit_info_.solver.startswith("residual planner")
     assert 0 <= fac.fit_info_.gap <= 1e-9 and fac.fit_info_.status == "converged"
     dense = make_mechanism("mm-optimal").fit(GramWorkload(w.gram(), name="dense", m=w.m), APPROX)
     gap = max(dense.fit_info_.gap, 0.0)
@@ -46,4 +46,4 @@ def test_eps_dp_keeps_the_dense_selection():
     # baselines) runs where it fits, as before.
     w = parse_workload("marginals:3x4x5:2")
     mech = make_mechanism("mm-optimal").fit(w, Privacy(1.0))
-    assert not mech._factored()
+    assert not mech.strategy_.factored

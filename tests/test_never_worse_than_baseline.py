@@ -90,7 +90,7 @@ def test_baseline_strategies_are_the_baseline_mechanisms_strategies(workload_nam
     assert set(strategies) == set(fitted)
     for name, strategy in strategies.items():
         own = fitted[name].strategy_
-        if fitted[name]._factored():  # laplace on a Kron is fitted per factor: compare its dense form
+        if fitted[name].strategy_.factored:  # laplace on a Kron is fitted per factor: compare its dense form
             own = own.to_dense()
         else:
             assert strategy.name == own.name

@@ -396,16 +396,12 @@ class Mechanism(ABC):
         finally:
             if isinstance(options, dict):
                 self.solver_options = options
-        if self._keeps_baselines():
+        if getattr(self, "baselines", False) is True:  # the mechanism keeps a baseline with less error
             sel = self._least_error_selection(sel, workload, privacy)
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         if key is not None and _SHARED is not None:
             _SHARED[key] = (sel, wall, cpu)
         return sel, wall, cpu
-
-    def _keeps_baselines(self) -> bool:
-        """Whether `fit` returns a baseline strategy (`baseline_strategies`) that has less error than its own."""
-        return getattr(self, "baselines", False) is True
 
     def _baseline_objective(self, report: ErrorReport) -> float:
         """The error by which the selected strategy and the baselines are ranked: the expected total squared error."""
@@ -490,13 +486,9 @@ class Mechanism(ABC):
         if not isinstance(rng, np.random.Generator):
             raise MechanismError(f"{self.short_name}: rng must be a numpy.random.Generator (research mode)")
         x = check_finite_vector(x, "data vector x", self.workload_.n)
-        if self._factored():
+        if self.strategy_.factored:
             return self.answers_with(x, research_perturb(self.privacy_, rng))
         return noisy_answers(self.strategy_, self.workload_, self.privacy_, x, rng, 1, B=self._B())[0]
-
-    def _factored(self) -> bool:
-        """True when the fitted strategy is held through its factors (Kronecker, union, marginal), not densely."""
-        return self.strategy_.factored
 
     def _B(self) -> Any:
         """The reconstruction B (given, or W A^+), computed on first use and kept."""
@@ -507,28 +499,23 @@ class Mechanism(ABC):
     def answers_with(self, x: np.ndarray | Records, perturb: Perturb) -> np.ndarray:
         """Answers to every workload query (m,): B perturb(A x), the noise drawn by `perturb` (release mode)."""
         self._check_fitted()
-        if self._factored():
-            return self._factored_answers(x, perturb)
+        if self.strategy_.factored:  # A x by Kronecker matvecs or marginal tables (from records or x), never a dense A
+            return self.strategy_.answer(x, self.privacy_, None, self.workload_, perturb=perturb)
         x = data_vector(x, self.workload_.n)
         return answers_through(self.strategy_, self._B(), x, perturb, self.strategy_.sensitivity(self.privacy_.norm))
-
-    def _factored_answers(self, x: np.ndarray | Records, perturb: Perturb) -> np.ndarray:
-        """`answers_with` through the factors: A x by Kronecker matvecs or marginal tables (counted from records,
-        or summed from x), never a dense A; least-squares reconstruction through the factors."""
-        return self.strategy_.answer(x, self.privacy_, None, self.workload_, perturb=perturb)
 
     def query_unit_variances(self) -> np.ndarray:
         """Variance of each workload query's answer per unit noise variance (m,): squared row norms of B,
         or through the factors for a factored strategy."""
         self._check_fitted()
-        if self._factored():
+        if self.strategy_.factored:
             return self.strategy_.query_unit_variances(self.workload_)
         return _row_sq_norms(self._B())
 
     def expected_error(self, workload: Workload | np.ndarray | None = None) -> ErrorReport:
         """Exact expected error of the fitted strategy on `workload` (default: the fitted workload)."""
         self._check_fitted()
-        if self._factored():
+        if self.strategy_.factored:
             w: Workload = self.workload_ if workload is None else kron_form(workload)
             try:
                 return self.strategy_.expected_error(w, self.privacy_)
@@ -540,10 +527,6 @@ class Mechanism(ABC):
     def _comparison_bound(self) -> float:
         """The bound reported in comparison records: P * SVDB (the same for every mechanism)."""
         return self.bound_
-
-    def _strategy_rank(self) -> int:
-        """Rank of the fitted strategy, for comparison records."""
-        return self.strategy_.rank
 
     def record(self) -> dict[str, Any]:
         """One flat record for comparison tables and JSON (keys documented in `dpopt compare --help`)."""
@@ -558,7 +541,7 @@ class Mechanism(ABC):
             "noise": self.privacy_.noise,
             "calibration": self.privacy_.convention,
             "strategy_rows": self.strategy_.shape[0],
-            "strategy_rank": self._strategy_rank(),
+            "strategy_rank": self.strategy_.rank,
             "sensitivity": err.sensitivity,
             "expected_total_error": err.total,
             "rmse": err.rmse,
