@@ -413,7 +413,8 @@ def compare(
 def format_table(df: pd.DataFrame, fmt: str) -> str:
     """Render a comparison as 'table' (aligned text), 'markdown', 'csv' or 'json' (list of records)."""
     if fmt == "json":
-        return json.dumps([_json_record(r) for r in df.to_dict(orient="records")], indent=2)
+        records = df.to_dict(orient="records")
+        return json.dumps([{str(k): _json_value(v) for k, v in r.items()} for r in records], indent=2)
     if fmt == "csv":
         return df.to_csv(index=False)
     view = df[COLUMNS].copy()
@@ -524,11 +525,6 @@ def _json_value(v: Any) -> Any:
     if v is None or isinstance(v, str):
         return v
     return str(v)
-
-
-def _json_record(record: dict[str, Any]) -> dict[str, Any]:
-    """One comparison row as JSON-ready values."""
-    return {str(k): _json_value(v) for k, v in record.items()}
 
 
 def check_plot_path(path: str) -> None:

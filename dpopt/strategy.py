@@ -78,7 +78,7 @@ class Strategy:
         self.B: np.ndarray | sp.csr_matrix | None = B
         self.name = name
         self.gamma = float(gamma)
-        if self._column_sq_norms().max() == 0.0:
+        if column_norm_powers(self.A, 2).max() == 0.0:
             raise ValueError("strategy A is all zeros; it measures nothing")
 
     # -- shape and sensitivity -------------------------------------------------------------------
@@ -86,9 +86,6 @@ class Strategy:
     def shape(self) -> tuple[int, int]:
         """(r, n): number of measured queries and number of cells."""
         return (int(self.A.shape[0]), int(self.A.shape[1]))
-
-    def _column_sq_norms(self) -> np.ndarray:
-        return column_norm_powers(self.A, 2)
 
     @cached_property
     def sens1(self) -> float:
@@ -98,7 +95,7 @@ class Strategy:
     @cached_property
     def sens2(self) -> float:
         """L2 sensitivity: the largest column L2 norm of A ((eps, delta)-DP, Gaussian noise)."""
-        return float(np.sqrt(self._column_sq_norms().max()))
+        return float(np.sqrt(column_norm_powers(self.A, 2).max()))
 
     def sensitivity(self, norm: int) -> float:
         """sens1 for norm=1, sens2 for norm=2."""
