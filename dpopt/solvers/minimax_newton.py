@@ -108,7 +108,7 @@ class JointPoint:
             dgu = -self.rows.forms((Pu @ M @ Pu.T).astype(float)) / self.c
         else:
             dgu = -np.einsum("ia,ia->i", (Y @ M).astype(float), self.Y) / self.c
-        dgd = np.einsum("ja,ja->j", (Pi @ E.astype(dtype)).astype(float), self.Pi)
+        dgd = np.einsum("ja,ja->j", (Pi @ E.astype(dtype, copy=False)).astype(float, copy=False), self.Pi)
         if dtype != np.float64 and not (np.isfinite(dgu).all() and np.isfinite(dgd).all()):
             return self.hess_vec(du, dd)
         return scale * dgu, scale * dgd
