@@ -10,8 +10,10 @@ strategy (`solve_convex_dp`, gap 1e-10) and what each pays under unit noise (P =
 per-query standard deviation sqrt(max_i Var_i) and the total squared error sum_i Var_i.
 
 Part 2: the conic minimax model (`formulations.minimax`, SCS at eps --scs-tol, limit --scs-limit s) on
-the --scs rows (Prefix up to n = 512; AllRange(128) alone has 8,256 query rows and CVXPY's compile
-took over 4 minutes), with its CPU seconds over `solve_minimax`'s on the same row (same gap target).
+the --scs rows (AllRange in the model's sparse prefix basis, Prefix in its whitened basis U), with its
+CPU seconds over `solve_minimax`'s on the same row and its value's relative distance above the
+certified upper bound (SCS's eps bounds residuals, not the objective: on AllRange(64) eps 1e-4 left
+the value 5e-4 high, eps 1e-5 1.5e-6).
 
 BLAS is limited to one thread (threadpoolctl).
 
@@ -131,7 +133,7 @@ def write(rows: list[dict], conic: list[dict], args: argparse.Namespace) -> None
         f.write(df[cols].to_markdown(index=False, floatfmt=".4g") + "\n\n")
         if len(dc):
             f.write(
-                f"## Conic model (formulations.minimax, SCS eps {args.scs_tol:g}, limit {args.scs_limit:g} s) "
+                "## Conic model (formulations.minimax, SCS at each row's scs_eps; limits in the notes) "
                 "against solve_minimax (CPU seconds)\n\n"
             )
             f.write(dc.to_markdown(index=False, floatfmt=".4g") + "\n")
@@ -178,12 +180,13 @@ def main() -> None:
                 if f"{name}:{n}" in args.scs.split(","):
                     w = MAKE[name](n)
                     ref = solve(
-                        minimax_model.build(w, 1.0), "scs", tol=min(args.scs_tol, tol), time_limit=args.scs_limit,
+                        minimax_model.build(w, 1.0), "scs", tol=args.scs_tol, time_limit=args.scs_limit,
                         accept_inaccurate=True,
                     )
                     c = {
                         "workload": name,
                         "n": n,
+                        "scs_eps": args.scs_tol,
                         "scs_status": ref.status,
                         "scs_objective": ref.objective,
                         "scs_iterations": ref.iterations,

@@ -36,6 +36,7 @@ def build(
     targets: np.ndarray | float = 1.0,
     *,
     zero_columns: str = "error",
+    basis: str = "auto",
 ) -> Model:
     """Weighted minimax SDP: least max_i w_i X^+ w_i^T / c_i subject to diag(X) <= 1.
 
@@ -43,9 +44,12 @@ def build(
     targets: c (m,) or one number: the weight of query i is 1 / c_i (c_i > 0 for every nonzero query;
         c = 1 is the plain minimax of the per-query variances).
     Variables S' (k x k), Z (n x n), s (scalar); the objective is s in the workload's units (scale 1).
-    model.data has per_query's keys ("gram", "W", "bounds" = c, "basis" = L, "U", "R", "rows" = P), so
+    basis: the bound rows' basis, as in `per_query.build` ("auto": the sparse prefix basis on a
+        full-rank range workload, else whitened).
+    model.data has per_query's keys ("gram", "W", "bounds" = c, "basis" = L, "U", "R", "rows" = P,
+    "row_basis"), so
     `strategy_gram(model)` gives X = L S'^{-1} L^T and the recovered Strategy has A^T A = X / max diag X.
     """
     t0 = time.perf_counter()
-    rs = row_space_data(workload, targets, zero_columns=zero_columns)
+    rs = row_space_data(workload, targets, zero_columns=zero_columns, basis=basis)
     return row_space_model(NAME, rs, t0, "s", bounds="variances")

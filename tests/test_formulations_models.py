@@ -458,6 +458,49 @@ def test_per_query_whitened_rows_form_a_tight_frame():
     np.testing.assert_allclose(scaled.data["basis"] @ scaled.data["basis"].T, L @ L.T, atol=1e-12)
 
 
+def test_per_query_prefix_basis_is_sparse_and_the_same_program():
+    w = AllRange(8)
+    W = w.matrix()
+    c = np.full(W.shape[0], 2.0)  # equal bounds: D^T C^-1 D = ((n + 1) I - J) / 2, so R is I and J only
+    model = per_query.build(w, c)  # auto: a full-rank range workload with more queries than cells
+    assert model.data["row_basis"] == "prefix"
+    P, R, U, L = (model.data[key] for key in ("rows", "R", "U", "basis"))
+    k = U.shape[1]
+    # Rows of ranges not starting at cell 0 keep the two nonzeros of e_b - e_{a-1} (d_i 1 = 0), the
+    # 8 prefix rows are dense: 2 (36 - 8) + 8 * 8 stored entries.
+    assert P.nnz == 2 * (W.shape[0] - k) + k * k
+    # Whitened as in the basis U: P^T P = I up to eigh's rounding at cond(D^T C^-1 D) ~ 100 (k cond eps
+    # ~ 2e-13), plus the dropped entries (each below k eps max|P|): 1e-12.
+    np.testing.assert_allclose((P.T @ P).toarray(), np.eye(k), atol=1e-12)
+    # U = T^T: W = D T, so each variance w_i X^{-1} w_i^T with X = U S^{-1} U^T is d_i S d_i^T, and the
+    # sparse bound matrix applied to vec(S') gives c_i p_i S' p_i^T = that variance for S = R S' R.
+    rng = np.random.default_rng(5)
+    G = rng.standard_normal((k, k))
+    S_white = G @ G.T
+    S = R @ S_white @ R
+    X = U @ np.linalg.solve(S, U.T)
+    M = per_query.quadratic_rows(P)
+    variances = np.einsum("ij,jk,ik->i", W, np.linalg.inv(X), W)
+    # Through two inverses of cond(S) ~ 1e4 and R twice: ~ k cond(S) eps ~ 2e-11 relative; 1e-9.
+    np.testing.assert_allclose(c * (M @ S_white.ravel(order="F")), variances, rtol=1e-9)
+    np.testing.assert_allclose(L @ np.linalg.solve(S_white, L.T), X, rtol=0,
+                               atol=10 * k * np.linalg.cond(S) * np.finfo(float).eps * np.abs(X).max())
+    # The same optimum as the basis U: two Clarabel solves at 1e-9 relative gap: 1e-7.
+    t_prefix = solve(model, "clarabel", tol=1e-9).objective
+    t_plain = solve(per_query.build(w, c, basis="whitened"), "clarabel", tol=1e-9).objective
+    assert t_prefix == pytest.approx(t_plain, rel=1e-7)
+    # Auto keeps the basis U for Prefix (as many queries as cells), for a rank-deficient range workload
+    # and for unequal bounds (R dense, so P would be dense too), and the prefix basis is refused for
+    # the rank-deficient one.
+    assert per_query.build(w, per_query_bounds(W)).data["row_basis"] == "whitened"
+    assert per_query.build(Prefix(8), 1.0).data["row_basis"] == "whitened"
+    assert per_query.build(WidthK(8, 3), 1.0).data["row_basis"] == "whitened"
+    with pytest.raises(ValueError, match="full column rank"):
+        per_query.build(WidthK(8, 3), 1.0, basis="prefix")
+    with pytest.raises(ValueError, match="basis"):
+        per_query.build(w, c, basis="diagonal")
+
+
 # --- published reference: HDMM's 1-D table at n = 128 (slow: SCS on a 256 x 256 block) -----------------
 
 
