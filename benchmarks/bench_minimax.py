@@ -34,7 +34,13 @@ import pandas as pd
 from threadpoolctl import threadpool_limits
 
 from dpopt.solvers.convex_dp import solve_convex_dp
-from dpopt.solvers.minimax import factor_variances, query_rows, solve_minimax
+from dpopt.solvers.minimax import (
+    factor_variances,
+    query_rows,
+    row_space_basis,
+    solve_minimax,
+    strategy_factor,
+)
 from dpopt.workloads import AllRange, Marginals, Prefix, WidthK, WRange
 from formulations import minimax as minimax_model
 from formulations.solve import solve
@@ -59,13 +65,6 @@ MAKE = {
 }
 
 
-def row_basis(rows) -> np.ndarray | None:
-    """Orthonormal basis of the row space when W is rank deficient (as solve_minimax chooses it)."""
-    lam, Q = np.linalg.eigh(rows.gram(np.ones(rows.m)))
-    keep = lam > 1e-10 * lam[-1]
-    return None if keep.all() else Q[:, keep]
-
-
 def run_minimax(name: str, n: int, tol: float, budget: float, runs: int) -> dict:
     w = MAKE[name](n)
     walls, cpus, res = [], [], None
@@ -76,20 +75,14 @@ def run_minimax(name: str, n: int, tol: float, budget: float, runs: int) -> dict
         if res.status != "converged":
             break
     rows = query_rows(w)
-    U = row_basis(rows)
+    ones = np.ones(rows.m)
+    U = row_space_basis(rows, ones)
     var_mm = res.extra["variances"]
-    G = rows.gram(np.ones(rows.m))
     t0 = time.process_time()
-    s = solve_convex_dp(G, tol=1e-10)
+    s = solve_convex_dp(rows.gram(ones), tol=1e-10)
     sum_cpu = time.process_time() - t0
-    # Same evaluation as solve_minimax: the strategy factor, in the row-space basis when W is rank deficient.
-    A = np.asarray(s.extra["A"], dtype=float)
-    if U is not None:
-        A = A[: int(s.extra["rank"])] @ U
-    R = np.linalg.qr(A, mode="r")
-    F = R if U is None else R @ U.T
-    R = R / np.sqrt(max(float(np.einsum("ij,ij->j", F, F).max()), 1.0))
-    var_sum = factor_variances(rows, R, U)
+    # Same evaluation as solve_minimax's: the strategy factor in the row-space basis, diag(X) <= 1.
+    var_sum = factor_variances(rows, strategy_factor(s, U), U)
     return {
         "workload": name,
         "n": n,

@@ -248,6 +248,21 @@ def _unit_diag(R: np.ndarray, U: np.ndarray | None) -> np.ndarray:
     return R / math.sqrt(top) if top > 1.0 else R
 
 
+def row_space_basis(rows: MatrixRows | RangeRows, c: np.ndarray) -> np.ndarray | None:
+    """U (n, k) orthonormal: eigenvectors of W^T C^{-1} W above _ROW_SPACE_RTOL when W is rank deficient, else None."""
+    lam, Q = np.linalg.eigh(rows.gram(1.0 / c))
+    keep = lam > _ROW_SPACE_RTOL * lam[-1]
+    return None if keep.all() else Q[:, keep]
+
+
+def strategy_factor(res: SolverResult, U: np.ndarray | None) -> np.ndarray:
+    """R (k, k) of a `solve_convex_dp` strategy in the basis U (module docstring), with diag(U R^T R U^T) <= 1."""
+    A = np.asarray(res.extra["A"], dtype=float)
+    if U is not None:
+        A = A[: int(res.extra["rank"])] @ U  # the uniformly scaled part, range(G) (module docstring)
+    return _unit_diag(_triangular_factor(A), U)
+
+
 def solve_minimax(
     workload: Workload | np.ndarray,
     targets: np.ndarray | float = 1.0,
@@ -290,10 +305,8 @@ def solve_minimax(
     if c.shape != (rows.m,) or not np.isfinite(c).all() or (c <= 0).any():
         raise ValueError(f"targets must be one number or ({rows.m},) finite values > 0")
     inner_tol = 1e-12 if inner_tol is None else float(inner_tol)
-    lam, Qg = np.linalg.eigh(rows.gram(1.0 / c))
-    keep = lam > _ROW_SPACE_RTOL * lam[-1]
-    U = None if keep.all() else Qg[:, keep]  # row-space basis when W is rank deficient (module docstring)
-    rank_w = int(keep.sum())
+    U = row_space_basis(rows, c)
+    rank_w = rows.n if U is None else U.shape[1]
 
     def inner(u: np.ndarray, d: np.ndarray | None, gap_asked: float) -> tuple[SolverResult, np.ndarray, np.ndarray]:
         G = rows.gram(u / c)
@@ -302,10 +315,7 @@ def solve_minimax(
         remaining = None if time_limit is None else max(time_limit - (time.perf_counter() - t_wall), 1e-3)
         res = solve_convex_dp(G, tol=gap_asked, x0=d, time_limit=remaining)
         # X and best_X below are k x k triangular factors R (strategy Gram U R^T R U^T).
-        A = np.asarray(res.extra["A"], dtype=float)
-        if U is not None:
-            A = A[: int(res.extra["rank"])] @ U  # the uniformly scaled part, range(G) (module docstring)
-        R = _unit_diag(_triangular_factor(A), U)
+        R = strategy_factor(res, U)
         return res, R, factor_variances(rows, R, U) / c
 
     u = np.full(rows.m, 1.0 / rows.m)
