@@ -64,7 +64,7 @@ carry m k^2 coefficients: AllRange(128) has 8,256 rows and CVXPY took over 4 min
 and AllRange(512) (131,328 rows) cannot be compiled at all. When W has full column rank, any
 invertible basis serves in place of U: with T the prefix-sum matrix (T_ij = 1 for j <= i) write
 W = D T, where D = W T^{-1} takes first differences of W's columns (d_ij = w_ij - w_i,j+1); a range
-query [a, b] has d_i = e_b - e_{a-1}, two nonzeros. With S the covariance of the estimated prefix
+query [a, b] has d_i = e_b - e_{a-1} (e_{-1} = 0), at most two nonzeros. With S the covariance of the estimated prefix
 sums T x (X = T^T S^{-1} T: the block's constant is U = T^T) the variances are d_i S d_i^T, and the
 same whitening R = (D^T C^{-1} D)^{-1/2} gives P = C^{-1/2} D R (P^T P = I) and L = T^T R^{-1}. For
 AllRange with equal bounds, D^T D = (n + 1) I - J, so R is a multiple of I plus a multiple of J: p_i = d_i R keeps the
@@ -73,7 +73,9 @@ dense. Entries of P below k eps max|P| (the rounding of an inner product of leng
 the bound rows become one sparse (m' x k^2) matrix acting on vec(S'). Measured with SCS at eps 1e-4
 (one BLAS thread): AllRange(64) took 2,550 iterations and 9 s against 800 iterations and 49 s in the
 basis U, and its value was closer to the certified optimum (5.0e-4 above it against 7.0e-3); AllRange(128)
-took 5,900 iterations and 129 s (CVXPY's compile in the basis U alone took over 4 minutes). On
+took 5,900 iterations and 129 s but stopped 1.2e-2 above the optimum (SCS's eps bounds residuals, not
+the objective), and at eps 1e-5 42,300 iterations and 1,067 s, 2.0e-6 above it; in the basis U
+CVXPY's compile alone took over 4 minutes. On
 Prefix (D = I, m = k) the two bases have the same number of coefficients, but SCS took 4,900
 iterations in the prefix basis against 175 in U at n = 64, so `basis="auto"` takes the prefix basis
 only when W has full column rank, every query is a difference of at most two prefix sums, there are
