@@ -61,7 +61,7 @@ U R; S = R S' R is its covariance in the basis U.
 
 Prefix basis (range queries). Whitening in the basis U makes every p_i dense, so the m bound rows
 carry m k^2 coefficients: AllRange(128) has 8,256 rows and CVXPY took over 4 minutes to compile them,
-and AllRange(512) (131,328 rows) cannot be compiled at all. When W has full column rank, any
+and AllRange(512) (131,328 rows, 3.4e10 coefficients) cannot be compiled at all. When W has full column rank, any
 invertible basis serves in place of U: with T the prefix-sum matrix (T_ij = 1 for j <= i) write
 W = D T, where D = W T^{-1} takes first differences of W's columns (d_ij = w_ij - w_i,j+1); a range
 query [a, b] has d_i = e_b - e_{a-1} (e_{-1} = 0), at most two nonzeros. With S the covariance of the estimated prefix
