@@ -263,7 +263,7 @@ PAIRS: dict[str, Pair] = {
              ("wrelated:6x10:s=2:seed=0", "wrange:6x8:seed=1"),
              ("wrelated:6x10:s=2:seed=0", "wrange:8x12:seed=1", "wrelated:16x32:s=4:seed=0", "wrange:16x32:seed=5"),
              needs_rows=True, quick_one_solver=True),
-        # At n = 64 (one BLAS thread, shared machine): SCS at 1e-9 took 2 s on Prefix and 249 s (52,925
+        # At n = 64 (one BLAS thread, single runs on a shared machine): SCS at 1e-9 took 2 s on Prefix and 249 s (52,925
         # iterations, the model's sparse prefix basis) on AllRange, Clarabel 210 s and 334 s; all four
         # agreed with solve_minimax to 2e-7 or better.
         Pair("minimax", True, "dpopt.solvers.minimax", "formulations.minimax", _hand_minimax, _ref_minimax,

@@ -71,7 +71,7 @@ AllRange with equal bounds, D^T D = (n + 1) I - J, so R is a multiple of I plus 
 two nonzeros of d_i for every range not starting at 0 (d_i 1 = 0) and only the n prefix rows are
 dense. Entries of P below k eps max|P| (the rounding of an inner product of length k) are dropped and
 the bound rows become one sparse (m' x k^2) matrix acting on vec(S'). Measured with SCS at eps 1e-4
-(one BLAS thread): AllRange(64) took 2,550 iterations and 9 s against 800 iterations and 49 s in the
+(one BLAS thread, single runs on a shared machine): AllRange(64) took 2,550 iterations and 9 s against 800 iterations and 49 s in the
 basis U, and its value was closer to the certified optimum (5.0e-4 above it against 7.0e-3); AllRange(128)
 took 5,900 iterations and 129 s but stopped 1.2e-2 above the optimum (SCS's eps bounds residuals, not
 the objective), and at eps 1e-5 42,300 iterations and 1,067 s, 2.0e-6 above it; in the basis U
