@@ -10,9 +10,18 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dpopt import reproduce as rp
 from dpopt.cli import main
-from dpopt.reproduce import EXPERIMENTS, Claim, Experiment, Point, make_table2, reproduce
+from dpopt.reproduce import (
+    EXPERIMENTS,
+    claims,
+    experiment,
+    lrm_figures,
+    make_table2,
+    om_figures,
+    reproduce,
+    summary,
+)
+from dpopt.reproduce.experiment import Claim, Experiment, Point
 from dpopt.reproduce.runner import _settings
 
 FAST_ROWS = ["ALLRANGE(2,...,2)", "ALLPREDICATE(1024)"]
@@ -95,23 +104,23 @@ def _summary(values: dict[tuple[str, float, str], float]) -> pd.DataFrame:
 
 def test_claim_checks_on_known_summaries():
     s = _summary({("A", 1, "a"): 1.0, ("A", 1, "b"): 2.0, ("A", 2, "a"): 3.0, ("A", 2, "b"): 2.5})
-    ok, msg = rp.best_everywhere("a")(s)
+    ok, msg = claims.best_everywhere("a")(s)
     assert not ok and "1/2 points" in msg and "x=2" in msg
-    assert rp.best_everywhere("a", where=lambda t: t.index.get_level_values("x") < 2)(s)[0]
-    assert rp.monotone("a", increasing=True)(s)[0]
-    assert not rp.monotone("b", increasing=False)(s)[0]
-    assert rp.worst_everywhere("b")(s)[0] is False
-    ok, msg = rp.ratio_at("b", "a", lambda t: t, 0.5, 2.5)(s)
+    assert claims.best_everywhere("a", where=lambda t: t.index.get_level_values("x") < 2)(s)[0]
+    assert claims.monotone("a", increasing=True)(s)[0]
+    assert not claims.monotone("b", increasing=False)(s)[0]
+    assert claims.worst_everywhere("b")(s)[0] is False
+    ok, msg = claims.ratio_at("b", "a", lambda t: t, 0.5, 2.5)(s)
     assert ok and "2" in msg
-    ok, msg = rp.endpoint_ratio("a", 2.9, 3.1)(s)
+    ok, msg = claims.endpoint_ratio("a", 2.9, 3.1)(s)
     assert ok and "ratio 3" in msg
     # x_from: the first x at or after it; when that is the largest x, the largest x but one.
     t = _summary({("A", 1, "a"): 1.0, ("A", 2, "a"): 4.0, ("A", 4, "a"): 6.0, ("A", 8, "a"): 7.5})
-    assert "x=2->8 ratio 1.88" in rp.endpoint_ratio("a", 0.0, 2.0, x_from=2)(t)[1]
-    assert "x=4->8 ratio 1.25" in rp.endpoint_ratio("a", 0.0, 2.0, x_from=3)(t)[1]
-    assert "x=4->8 ratio 1.25" in rp.endpoint_ratio("a", 0.0, 2.0, x_from=8)(t)[1]
-    assert not rp.endpoint_ratio("a", 0.0, 2.0, x_from=1)(t)[0]
-    assert rp.spread("a", 3.0)(s)[0] and not rp.spread("a", 2.9)(s)[0]
+    assert "x=2->8 ratio 1.88" in claims.endpoint_ratio("a", 0.0, 2.0, x_from=2)(t)[1]
+    assert "x=4->8 ratio 1.25" in claims.endpoint_ratio("a", 0.0, 2.0, x_from=3)(t)[1]
+    assert "x=4->8 ratio 1.25" in claims.endpoint_ratio("a", 0.0, 2.0, x_from=8)(t)[1]
+    assert not claims.endpoint_ratio("a", 0.0, 2.0, x_from=1)(t)[0]
+    assert claims.spread("a", 3.0)(s)[0] and not claims.spread("a", 2.9)(s)[0]
 
 
 def test_generic_figure_runs_baselines_and_checks_claims(tmp_path):
@@ -125,10 +134,10 @@ def test_generic_figure_runs_baselines_and_checks_claims(tmp_path):
         epsilon=lambda scale: [1.0],
         delta=1e-6,
         claims=[Claim("hierarchical beats identity at n = 64",
-                      rp.best_everywhere("hierarchical", where=lambda t: t.index.get_level_values("x") == 64))],
+                      claims.best_everywhere("hierarchical", where=lambda t: t.index.get_level_values("x") == 64))],
     )
     res = reproduce(exp, out=tmp_path, max_workers=0, progress=False, report=False)
-    t = rp.pivot(res.summary)
+    t = summary.pivot(res.summary)
     # Identity on Prefix(n), classic Gaussian: P * (n(n+1)/2) / n per query, P = 2 ln(2/delta)/eps^2.
     P = 2 * math.log(2e6)
     assert t.loc[("Prefix", 1.0, 16), "identity"] == pytest.approx(P * 136 / 16)
@@ -152,11 +161,11 @@ def test_every_registered_experiment_builds_its_tasks():
     # s = round(fraction * min(m, n)) at the default scale m = 64, n = 256.
     assert sorted({dict(t.sizes)["s"] for t in fig9}) == [6, 19, 32, 64]
     om1 = EXPERIMENTS["om-fig1"].tasks("full")
-    assert sorted({t.epsilon for t in om1}) == rp.OM_EPS
+    assert sorted({t.epsilon for t in om1}) == om_figures.OM_EPS
     assert {t.repetition for t in om1} == set(range(20))
     # Several eps: one fit per point and repetition serves them all; one eps keeps the unshared tasks.
     assert all(t.shared_fit for t in om1)
-    assert len({t.group_key for t in om1}) == len(om1) // len(rp.OM_EPS)
+    assert len({t.group_key for t in om1}) == len(om1) // len(om_figures.OM_EPS)
     assert not any(t.shared_fit for t in EXPERIMENTS["om-fig1"].tasks("full", epsilons=[1.0]))
     assert not any(t.shared_fit for t in EXPERIMENTS["om-fig2"].tasks("full"))
     lrm3 = EXPERIMENTS["lrm-fig3"].tasks("default")
@@ -171,10 +180,10 @@ def test_every_registered_experiment_builds_its_tasks():
         sv = np.linalg.svd(parse_workload(t.workload).matrix(), compute_uv=False)
         r, gamma = dict(t.params)["rank"], dict(t.params)["gamma"]
         if dict(t.sizes)["x"] == 1.0:
-            assert gamma == rp.LRM_DEFAULT["gamma"]
+            assert gamma == lrm_figures.LRM_DEFAULT["gamma"]
         else:
-            assert gamma == pytest.approx(rp.LRM_TRUNCATION_SLACK * np.sqrt(np.sum(sv[r:] ** 2)), rel=1e-5)
-            assert gamma > 100 * rp.LRM_DEFAULT["gamma"]
+            assert gamma == pytest.approx(lrm_figures.LRM_TRUNCATION_SLACK * np.sqrt(np.sum(sv[r:] ** 2)), rel=1e-5)
+            assert gamma > 100 * lrm_figures.LRM_DEFAULT["gamma"]
 
 
 def test_overrides_give_the_papers_range_at_one_repetition_and_one_eps():
@@ -184,12 +193,12 @@ def test_overrides_give_the_papers_range_at_one_repetition_and_one_eps():
     assert {t.epsilon for t in one} == {1.0} and {t.repetition for t in one} == {0}
     # the paper's n range is kept; only the capped mechanism stops early
     ns = lambda ts, m: sorted({dict(t.sizes)["n"] for t in ts if t.mechanism == m})  # noqa: E731
-    assert ns(one, "lrm") == ns(full, "lrm") == rp.LRM_NS
-    assert ns(one, "mm-appendix-b") == [n for n in rp.LRM_NS if n <= 256]
-    assert len(one) == len(rp.LRM_NS) * (len(rp.LRM_BASELINES) + 1) - sum(n > 256 for n in rp.LRM_NS)
+    assert ns(one, "lrm") == ns(full, "lrm") == lrm_figures.LRM_NS
+    assert ns(one, "mm-appendix-b") == [n for n in lrm_figures.LRM_NS if n <= 256]
+    assert len(one) == len(lrm_figures.LRM_NS) * (len(lrm_figures.LRM_BASELINES) + 1) - sum(n > 256 for n in lrm_figures.LRM_NS)
     # the experiment's own caps apply below the paper's scale unless replaced
     default = exp.tasks("default")
-    assert max(ns(default, "mm-appendix-b")) <= rp.MM_MAX_CELLS["mm-appendix-b"] < max(ns(default, "lrm"))
+    assert max(ns(default, "mm-appendix-b")) <= experiment.MM_MAX_CELLS["mm-appendix-b"] < max(ns(default, "lrm"))
     with pytest.raises(ValueError, match="epsilons"):
         exp.tasks("small", epsilons=[0.0])
 
@@ -226,7 +235,7 @@ def test_no_data_runs_beyond_the_data_vector_and_says_so(tmp_path):
     buf = io.StringIO()
     no_data = reproduce(exp, scale="small", out=None, max_workers=0, progress=False, use_data=False,
                         stream=buf).results
-    assert (no_data["data"] == "").all() and rp.usable(no_data["status"]).all()
+    assert (no_data["data"] == "").all() and summary.usable(no_data["status"]).all()
     assert "setting: without the data vector: errors are the noise terms only" in buf.getvalue()
     # Exact strategies have no data-dependent term: their errors do not change.
     exact = ["laplace", "wavelet", "hierarchical"]
@@ -252,8 +261,8 @@ def test_x_runs_only_some_points_and_rejects_unknown_ones(capsys):
 def test_gap_to_next_best_compares_with_every_other_mechanism():
     s = _summary({("A", 1, "a"): 1.0, ("A", 1, "b"): 300.0, ("A", 1, "c"): 50.0,
                   ("A", 2, "a"): 1.0, ("A", 2, "b"): 200.0, ("A", 2, "c"): 150.0})
-    ok, msg = rp.gap_to_next_best("a", lambda t: t, 100.0)(s)
+    ok, msg = claims.gap_to_next_best("a", lambda t: t, 100.0)(s)
     # against b alone it would hold (300x, 200x); c is the next best at x = 1 (50x)
     assert not ok and "50x (c) at A, eps=1, x=1" in msg and "150x (c)" in msg
-    assert rp.gap_to_next_best("a", lambda t: t, 40.0)(s)[0]
-    assert rp.gap_to_next_best("a", lambda t: t[t.index.get_level_values("x") == 2], 100.0)(s)[0]
+    assert claims.gap_to_next_best("a", lambda t: t, 40.0)(s)[0]
+    assert claims.gap_to_next_best("a", lambda t: t[t.index.get_level_values("x") == 2], 100.0)(s)[0]
