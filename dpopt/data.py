@@ -27,20 +27,6 @@ import pandas as pd
 
 from dpopt.validation import check_choice, check_finite_vector, check_positive_int
 
-__all__ = [
-    "Attribute",
-    "Categorical",
-    "IntegerRange",
-    "NumericBins",
-    "Domain",
-    "HistogramReport",
-    "Records",
-    "histogram",
-    "records",
-    "data_vector",
-    "marginal_tables",
-]
-
 # Reasons a value is not in its attribute's domain (keys of HistogramReport.invalid[column]).
 MISSING = "missing"
 OUTSIDE = "outside_domain"

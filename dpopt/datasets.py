@@ -48,8 +48,6 @@ import pandas as pd
 
 from dpopt.data import Attribute, Categorical, Domain, IntegerRange
 
-__all__ = ["FAIR_ATTRIBUTES", "FAIR_ROWS", "load_fair", "fair_domain"]
-
 FAIR_ROWS = 6366
 
 FAIR_ATTRIBUTES: tuple[Attribute, ...] = (

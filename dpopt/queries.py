@@ -24,23 +24,6 @@ import scipy.sparse as sp
 from dpopt.data import Attribute, Domain, NumericBins, _fmt_num
 from dpopt.workloads import ExplicitWorkload, Identity, Kron, Marginals, Stack, Workload
 
-__all__ = [
-    "Condition",
-    "Equals",
-    "In",
-    "Between",
-    "And",
-    "predicate_workload",
-    "marginal_workload",
-    "marginals_workload",
-    "range_workload",
-    "identity_workload",
-    "total_workload",
-    "stack_workloads",
-    "check_domain",
-    "DomainMismatchError",
-]
-
 
 class DomainMismatchError(ValueError):
     """A workload is over a different Domain than the data it is asked to answer."""

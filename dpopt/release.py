@@ -61,29 +61,9 @@ import pandas as pd
 
 from dpopt.data import Domain, Records, data_vector
 from dpopt.error import _row_sq_norms, answers_through
-from dpopt.privacy import Perturb, Privacy, gaussian_delta
+from dpopt.privacy import Perturb, Privacy
 from dpopt.queries import DomainMismatchError, check_domain
 from dpopt.validation import check_choice, check_finite_vector, check_number, check_positive_number
-
-__all__ = [
-    "RELEASE",
-    "ReleaseUnavailableError",
-    "BudgetExceededError",
-    "Charge",
-    "PrivacyLedger",
-    "FileLedger",
-    "ledger_file",
-    "read_ledger",
-    "LedgerFileError",
-    "LedgerCorruptError",
-    "require_opendp",
-    "certified_gaussian_sigma",
-    "least_certified_epsilon",
-    "gaussian_delta",
-    "zcdp_to_dp_epsilon",
-    "zcdp_budget",
-    "release",
-]
 
 RELEASE = "release"
 # Relative slack when comparing spent budget with the total: sums of decimal epsilons such as

@@ -22,8 +22,6 @@ import pandas as pd
 from dpopt.data import Attribute, Categorical, Domain, IntegerRange, NumericBins, records
 from dpopt.specs import DOMAIN_SPEC_HELP, SpecError, parse_workload, split_names
 
-__all__ = ["add_answer_parser", "answer_command", "parse_domain", "main"]
-
 DEFAULT_FAIR_DOMAIN = "fair:rate_marriage,religious,children"
 
 # Exit statuses (documented in --help).

@@ -24,11 +24,9 @@ import numpy as np
 
 from dpopt.workloads import Workload
 from formulations.model import Model
-from formulations.per_query import row_space_data, row_space_model, strategy_gram
+from formulations.per_query import row_space_data, row_space_model
 
 NAME = "minimax"
-
-__all__ = ["NAME", "build", "strategy_gram"]
 
 
 def build(
@@ -47,8 +45,8 @@ def build(
     basis: the bound rows' basis, as in `per_query.build` ("auto": the sparse prefix basis on a
         full-rank range workload, else whitened).
     model.data has per_query's keys ("gram", "W", "bounds" = c, "basis" = L, "U", "R", "rows" = P,
-    "row_basis"), so
-    `strategy_gram(model)` gives X = L S'^{-1} L^T and the recovered Strategy has A^T A = X / max diag X.
+    "row_basis"), so `formulations.per_query.strategy_gram(model)` gives X = L S'^{-1} L^T and the
+    recovered Strategy has A^T A = X / max diag X.
     """
     t0 = time.perf_counter()
     rs = row_space_data(workload, targets, zero_columns=zero_columns, basis=basis)

@@ -11,8 +11,7 @@ import pytest
 
 from dpopt.cli import main
 from dpopt.mechanisms.registry import make_mechanism
-from dpopt.privacy import Privacy
-from dpopt.release import gaussian_delta
+from dpopt.privacy import Privacy, gaussian_delta
 from dpopt.specs import SpecError, parse_workload
 from dpopt.workloads import Prefix
 

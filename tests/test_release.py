@@ -14,7 +14,7 @@ from scipy import stats
 
 from dpopt.data import Domain, IntegerRange, histogram
 from dpopt.mechanisms import make_mechanism
-from dpopt.privacy import Privacy
+from dpopt.privacy import Privacy, gaussian_delta
 from dpopt.queries import (
     Between,
     DomainMismatchError,
@@ -33,7 +33,6 @@ from dpopt.release import (
     ReleaseUnavailableError,
     _secure_noise,  # module-private: no ledger
     certified_gaussian_sigma,
-    gaussian_delta,
     release,
     zcdp_budget,
     zcdp_to_dp_epsilon,

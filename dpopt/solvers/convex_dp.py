@@ -52,8 +52,6 @@ from dpopt.solvers.convex_dp_primal import solve_primal
 from dpopt.solvers.result import SolverResult
 from dpopt.validation import check_choice, check_gram
 
-__all__ = ["solve_convex_dp", "convex_dp_dual_bound", "convex_dp_objective", "svdb_multipliers"]
-
 _METHODS = ("dual", "primal")
 
 

@@ -31,8 +31,6 @@ import scipy.linalg
 from dpopt.solvers.convex_dp import convex_dp_dual_bound
 from dpopt.solvers.result import CONVERGED, MAX_ITER, SolverResult, relative_gap
 
-__all__ = ["solve_convex_dp_paper"]
-
 # Constants of the seed's program (section 4).
 MAXITER = 30
 MAXITERLS = 50

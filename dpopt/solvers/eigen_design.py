@@ -73,8 +73,6 @@ MERGE_ATOL = 1e-13
 #: G counts as symmetric under reversing the cells when max|G - J G J| <= REFLECTION_RTOL * max|G|.
 REFLECTION_RTOL = 1e-13
 
-__all__ = ["solve_eigen_design", "eigen_design_dual_bound", "complete_strategy"]
-
 
 class EigenDesignDual:
     """The eigen-design dual as a `diag_dual_newton.DualProblem`; lam (k,) > 0, M (n, k) = P o P."""

@@ -84,16 +84,6 @@ from dpopt.solvers.result import (
 from dpopt.validation import check_number, check_positive_number, check_time_limit
 from dpopt.workloads import AllRange, Prefix, Workload
 
-__all__ = [
-    "FitnessForUse",
-    "MatrixRows",
-    "RangeRows",
-    "factor_variances",
-    "fitness_for_use",
-    "query_rows",
-    "solve_minimax",
-]
-
 #: A step is accepted when the inner dual bound does not fall by more than this relative amount (the
 #: bound is computed from singular values to about this accuracy). Measured: a slack of the inner gap
 #: (accepting any fall the inexact inner solves could explain) took Prefix(256) 57 outer iterations

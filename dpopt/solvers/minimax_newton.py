@@ -36,8 +36,6 @@ import scipy.linalg as sla
 from dpopt.solvers.convex_dp_dual import CG_DTYPE
 from dpopt.solvers.diag_dual_newton import pcg
 
-__all__ = ["JointPoint", "newton_ascent", "newton_direction", "newton_step"]
-
 #: Query rows y_i = w_i U P are formed when m <= _FEW_ROWS * n (memory m k; AllRange's n(n+1)/2 rows are not).
 _FEW_ROWS = 4
 #: A weight counts as binding (set to zero, held out of the Newton system) when its gradient is below
