@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -65,11 +67,21 @@ MAKE = {
 }
 
 
+def progress(name: str, n: int, run: int) -> Callable[[dict], None]:
+    """solve_minimax callback: one stderr line per outer iteration (certified bounds, gap, elapsed time)."""
+    t0 = time.perf_counter()
+
+    def show(r: dict) -> None:
+        print(f"{name}({n}) run {run} it {r['nit']}: upper {r['fun']:.8g} lower {r['dual_bound']:.8g} "
+              f"gap {r['gap']:.2e} at {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+    return show
+
+
 def run_minimax(name: str, n: int, tol: float, budget: float, runs: int) -> dict:
     w = MAKE[name](n)
     walls, cpus, res = [], [], None
-    for _ in range(runs):
-        res = solve_minimax(w, tol=tol, time_limit=budget)
+    for run in range(runs):
+        res = solve_minimax(w, tol=tol, time_limit=budget, callback=progress(name, n, run))
         walls.append(res.wall_seconds)
         cpus.append(res.cpu_seconds)
         if res.status != "converged":
