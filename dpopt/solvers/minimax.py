@@ -46,8 +46,7 @@ therefore uses the inner solver's uniformly scaled factor A_uni = Y / sqrt(m) (t
 extra["A"]: range(G) exactly, diag <= 1) and an orthonormal basis U (n x k) of W's row space
 (eigenvectors of W^T C^{-1} W above `_ROW_SPACE_RTOL`): with B = A_uni U (k x k), X = U B^T B U^T and
 Var_i = w_i X^+ w_i^T = ||v_i R^{-1}||^2, v_i = w_i U, R the triangular factor of a QR decomposition of
-B. R is conditioned like X restricted to the row space (moderate), not like the completed X. The
-averaged strategy keeps its own k x k factor, the R of [sqrt(a) R_avg; sqrt(1 - a) R]. For W of full
+B. R is conditioned like X restricted to the row space (moderate), not like the completed X. For W of full
 column rank U = I and B = A (the inner solver's "diagonal rescaling", diag(X) = 1).
 
 Range workloads (AllRange, Prefix, WidthK, WRange and any 0/1 workload of contiguous rows) are held
