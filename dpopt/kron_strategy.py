@@ -125,13 +125,6 @@ class KronStrategy(FactoredStrategy):
         """Orthonormal bases of the null spaces of A_i (n_i x (n_i - rank_i))."""
         return [V[:, lam == 0] for lam, V in self._factor_eigs]
 
-    def _check_domain(self, workload: Workload) -> None:
-        if workload.domain_sizes != self.domain_sizes:
-            raise StrategyError(
-                f"strategy {self.name} has factor sizes {self.domain_sizes} but workload {workload.name} has "
-                f"{workload.domain_sizes}; expected the same product domain"
-            )
-
     def _check_measures(self, workload: Workload) -> None:
         """A strategy that answers with its measurements (B = I) supports exactly the workload it measures."""
         same = isinstance(workload, Kron) and all(

@@ -158,25 +158,16 @@ class MarginalStrategy(FactoredStrategy):
         return min(sum(cells_of(self.domain_sizes, T) for T in self.masks), math.prod(self.domain_sizes))
 
     # -- error -----------------------------------------------------------------------------------
-    def _check(self, workload: Marginals) -> None:
-        if not isinstance(workload, Marginals):
-            raise StrategyError(f"{self.name} answers Marginals, got {type(workload).__name__}")
-        if workload.domain_sizes != self.domain_sizes:
-            raise StrategyError(
-                f"strategy {self.name} has domain {self.domain_sizes}, workload {workload.name} has "
-                f"{workload.domain_sizes}"
-            )
-
     def unsupported_fraction(self, workload: Marginals) -> float:
         """sqrt(sum of c_A r_A over unmeasured A / trace(W^T W)): the workload outside the strategy's range."""
-        self._check(workload)
+        self._check_domain(workload, Marginals)
         cr = workload.scaled_eigenvalues * workload.multiplicities
         miss = np.array([self.eigenvalue(A) <= 0 for A in workload.closure])
         return float(math.sqrt(cr[miss].sum() / cr.sum()))
 
     def unit_error(self, workload: Marginals) -> float:
         """trace(W^T W X^+) = sum_A c_A r_A / x_A over the workload's down-closure."""
-        self._check(workload)
+        self._check_domain(workload, Marginals)
         x = np.array([self.eigenvalue(A) for A in workload.closure])
         cr = workload.scaled_eigenvalues * workload.multiplicities
         live = cr > 0
@@ -190,7 +181,7 @@ class MarginalStrategy(FactoredStrategy):
         trace(G_S X^+) = N_{-S} sum_{A subset of S} r_A / x_A spreads evenly over the N_S cells of S, so
         each cell has variance (1 / N_S^2) sum_{A subset of S} r_A / (x_A / N).
         """
-        self._check(workload)
+        self._check_domain(workload, Marginals)
         out = []
         for S in workload.masks:
             tot = sum(
@@ -255,7 +246,7 @@ class MarginalStrategy(FactoredStrategy):
 
     def reconstruct(self, y: dict[int, np.ndarray], workload: Marginals) -> list[np.ndarray]:
         """Least-squares answers W A^+ y: one table per workload marginal (unweighted counts)."""
-        self._check(workload)
+        self._check_domain(workload, Marginals)
         z = self.residual_estimates(y, [A for A in workload.closure if residual_rank(self.domain_sizes, A) > 0])
         tables = []
         for s, S in zip(workload.subsets, workload.masks, strict=True):
@@ -282,7 +273,7 @@ class MarginalStrategy(FactoredStrategy):
         (counted from Records, or summed from x); noise as in `measure`."""
         if workload is None:
             raise StrategyError(f"strategy {self.name}: answer needs the marginal workload it answers")
-        self._check(workload)
+        self._check_domain(workload, Marginals)
         out = self.answers_from_tables(marginal_tables(x, self.domain_sizes), workload, privacy, rng, perturb=perturb)
         return np.concatenate([wt * t.ravel() for wt, t in zip(workload.weights, out, strict=True)])
 

@@ -287,3 +287,11 @@ class FactoredStrategy(Strategy):
         """Refused: a factored strategy's A is not formed (`to_dense` gives it on small domains)."""
         r, n = self.shape
         raise StrategyError(f"strategy {self.name} ({r} x {n}) is held through its factors; its dense A is not formed")
+
+    def _check_domain(self, workload: Workload, form: type[Workload] = Workload) -> None:
+        """Refuses a workload that is not a `form` or lies on another product domain than the strategy's."""
+        if not isinstance(workload, form):
+            raise StrategyError(f"strategy {self.name} answers a {form.__name__}, got {type(workload).__name__}")
+        if workload.domain_sizes != self.domain_sizes:
+            raise StrategyError(f"strategy {self.name} has factor sizes {self.domain_sizes} but workload "
+                                f"{workload.name} has {workload.domain_sizes}; expected the same product domain")

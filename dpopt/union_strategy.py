@@ -106,8 +106,7 @@ class UnionKronStrategy(FactoredStrategy):
         return self.sensitivity(2)
 
     def _check(self, workload: Stack) -> None:
-        if not isinstance(workload, Stack):
-            raise StrategyError(f"{self.name} answers a Stack, got {type(workload).__name__}")
+        self._check_domain(workload, Stack)
         if len(workload.parts) != len(self.assignment):
             raise StrategyError(
                 f"assignment covers {len(self.assignment)} terms but {workload.name} has {len(workload.parts)}"

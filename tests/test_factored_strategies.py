@@ -173,6 +173,12 @@ def test_union_kron_strategy_sensitivity_and_error_match_dense():
     ans = S.answer(x, priv, rng, U)
     # each answer's error is Gaussian with variance <= the total expected error E: within 6 sqrt(E)
     np.testing.assert_allclose(ans, U.matvec(x), rtol=0, atol=6 * math.sqrt(S.expected_error(U, priv).total))
+    # a Stack over another product domain (4 x 3 -> 3 x 4) or not a Stack: refused by name, not by a shape error
+    other = Stack([Kron([Prefix(3), AllRange(4)]), Kron([Total(3), Identity(4)])], weights=[1.0, 2.0])
+    with pytest.raises(StrategyError, match=r"factor sizes \(4, 3\) but workload .* has \(3, 4\)"):
+        S.unit_error(other)
+    with pytest.raises(StrategyError, match="answers a Stack, got Kron"):
+        S.unit_error(U.parts[0])
 
 
 def test_wide_measured_marginals_are_never_expanded(monkeypatch):
