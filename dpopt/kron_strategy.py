@@ -125,22 +125,23 @@ class KronStrategy(FactoredStrategy):
         """Orthonormal bases of the null spaces of A_i (n_i x (n_i - rank_i))."""
         return [V[:, lam == 0] for lam, V in self._factor_eigs]
 
-    def _check_measures(self, workload: Workload) -> None:
-        """A strategy that answers with its measurements (B = I) supports exactly the workload it measures."""
-        same = isinstance(workload, Kron) and all(
-            f.shape == M.shape and abs(sp.csr_matrix(f.sparse()) - sp.csr_matrix(M)).sum() == 0
-            for f, M in zip(workload.factors, self.factors, strict=True))
-        if not same:
+    def _checked(self, workload: Workload) -> Workload:
+        """The workload's Kronecker form, refused on another domain; a strategy that answers with its
+        measurements (B = I) supports exactly the workload it measures."""
+        w = kron_form(workload)
+        self._check_domain(w)
+        if self.direct and not (isinstance(w, Kron) and all(
+                f.shape == M.shape and abs(sp.csr_matrix(f.sparse()) - sp.csr_matrix(M)).sum() == 0
+                for f, M in zip(w.factors, self.factors, strict=True))):
             raise StrategyError(f"strategy {self.name} answers its own measurements (B = I); workload "
-                                f"{workload.name} is not the Kronecker product it measures")
+                                f"{w.name} is not the Kronecker product it measures")
+        return w
 
     # -- error -----------------------------------------------------------------------------------
     def unit_error(self, workload: Workload) -> float:
         """||W A^+||_F^2 = sum_k a_k prod_i trace(G_ki X_i^+) (per unit noise variance and sensitivity)."""
-        w = kron_form(workload)
-        self._check_domain(w)
+        w = self._checked(workload)
         if self.direct:
-            self._check_measures(w)
             return float(w.m)  # B = I: ||B||_F^2 = m
         Xp = self.factor_pinvs
         return float(
@@ -156,10 +157,8 @@ class KronStrategy(FactoredStrategy):
         For a term (x)_i G_i: ||W P||_F^2 = prod_i (t_i - e_i) with t_i = trace(G_i), e_i = trace(G_i (I - P_i))
         computed on the null-space basis of A_i, so the residual is prod t_i * (1 - prod (1 - e_i / t_i)).
         """
-        w = kron_form(workload)
-        self._check_domain(w)
+        w = self._checked(workload)
         if self.direct:
-            self._check_measures(w)
             return 0.0
         res = total = 0.0
         for a, Gs in w.kron_terms():
@@ -219,10 +218,8 @@ class KronStrategy(FactoredStrategy):
         y = self.measure(x, privacy, rng, perturb=perturb)
         if workload is None:
             return self.estimate(y)
-        w = kron_form(workload)
-        self._check_domain(w)
+        w = self._checked(workload)
         if self.direct:
-            self._check_measures(w)
             return y
         return np.concatenate([
             wt * kron_matvec([np.asarray(f.sparse() @ P) for f, P in zip(part.factors, self._pinv_factors,
@@ -236,10 +233,8 @@ class KronStrategy(FactoredStrategy):
         For a Kronecker row w = (x)_k w_k and X^+ = (x)_k X_k^+ it is prod_k w_k^T X_k^+ w_k, so the
         vector is the Kronecker product of the factors' diag(W_k X_k^+ W_k^T); a union stacks its parts'.
         """
-        w = kron_form(workload)
-        self._check_domain(w)
+        w = self._checked(workload)
         if self.direct:
-            self._check_measures(w)
             return np.ones(int(w.m))
         out = []
         for wt, part in _terms(w):

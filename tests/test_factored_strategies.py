@@ -16,7 +16,7 @@ from dpopt.error import expected_error, unit_error
 from dpopt.kron_strategy import KronStrategy
 from dpopt.marginal_strategy import MarginalStrategy, helmert_basis
 from dpopt.privacy import Privacy
-from dpopt.strategy import StrategyError
+from dpopt.strategy import Strategy, StrategyError
 from dpopt.workloads import AllRange, Identity, Kron, Marginals, Prefix, Stack, Total
 
 # Kronecker routes vs the dense matrices here: sensitivities are products and maxima of a few sums (a
@@ -53,6 +53,17 @@ def test_kron_support_detects_missing_directions():
     assert S.unsupported_fraction(bad) == pytest.approx(dense_frac, rel=1e-10)
     with pytest.raises(StrategyError, match="does not support"):
         S.expected_error(bad, Privacy(1.0))
+
+
+def test_direct_kron_strategy_answers_only_what_it_measures():
+    """B = I on every factor (noise on queries): the answers are the measurements, so only that workload."""
+    S = KronStrategy([Strategy(Prefix(4).matrix(), B=np.eye(4)), Strategy(np.eye(3), B=np.eye(3))])
+    measured, other = Kron([Prefix(4), Identity(3)]), Kron([AllRange(4), Identity(3)])
+    assert S.direct and S.unit_error(measured) == 12.0  # ||B||_F^2 = m
+    np.testing.assert_array_equal(S.query_unit_variances(measured), np.ones(12))
+    for call in (S.unit_error, S.unsupported_fraction, S.query_unit_variances):
+        with pytest.raises(StrategyError, match="is not the Kronecker product it measures"):
+            call(other)
 
 
 def test_estimate_is_least_squares_through_factors():
