@@ -12,7 +12,7 @@ from dpopt.solvers.minimax import (
     query_rows,
     solve_minimax,
 )
-from dpopt.workloads import AllRange, Marginals, Prefix, WidthK
+from dpopt.workloads import AllRange, Marginals, Prefix, WidthK, WRange
 from formulations import minimax, per_query
 from formulations.solve import solve
 
@@ -144,6 +144,34 @@ def test_rank_deficient_bounds_stay_ordered(solved, name):
     hist = res.extra["history"]
     assert max(h["lower"] for h in hist) <= min(h["upper"] for h in hist)
     assert res.extra["basis"].shape == (w.n, np.linalg.matrix_rank(w.matrix()))
+
+
+@pytest.mark.parametrize("make", [lambda: WidthK(16, 4), lambda: WRange(16, 64, seed=0)])
+def test_transposed_form_certifies_the_same_optimum(make):
+    """Full row rank, fewer queries than cells: the transposed form (module docstring) and the problem as
+    given bound one optimum, under non-uniform targets too, and the strategy mapped back is feasible
+    with the variances it reports."""
+    w = make()
+    c = np.random.default_rng(0).uniform(1.0, 3.0, w.m)
+    t = solve_minimax(w, c, tol=GAP_TOL, time_limit=20)
+    d = solve_minimax(w, c, tol=GAP_TOL, time_limit=20, transpose=False)
+    assert t.extra["forms"][0] == "transposed" and d.extra["forms"] == ("direct",)
+    assert np.diag(t.x).max() <= 1.0 + 8 * EPS
+    var, cond = _pinv_variances(w.matrix(), t.x)  # as in the rank-deficient case above
+    rtol = 10 * w.n * cond * EPS
+    assert rtol < 1e-8  # small enough for the checks below to fail on a wrong mapping
+    np.testing.assert_allclose(var, t.extra["variances"], rtol=rtol)
+    assert np.max(var / c) == pytest.approx(t.fun, rel=rtol)
+    # Each lower bound is certified, each upper bound the recomputed value of a feasible strategy.
+    assert max(t.dual_bound, d.dual_bound) <= min(t.fun, d.fun) * (1 + rtol)
+
+
+def test_transposed_form_falls_back_to_the_problem_as_given():
+    """WRange(16, 64) (seed 0): the transposed problem's active cells leave its Gram singular; whichever
+    form stops short, the two forms' bounds together certify the optimum to tol."""
+    res = solve_minimax(WRange(16, 64, seed=0), tol=GAP_TOL, time_limit=60)
+    assert res.status == "converged" and res.gap <= GAP_TOL
+    assert res.extra["forms"][0] == "transposed"
 
 
 def test_marginals_use_the_matrix_form_and_inputs_are_validated():
