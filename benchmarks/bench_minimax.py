@@ -15,6 +15,10 @@ CPU seconds over `solve_minimax`'s on the same row and its value's relative dist
 certified upper bound (SCS's eps bounds residuals, not the objective: on AllRange(64) eps 1e-4 left
 the value 5e-4 high, eps 1e-5 1.5e-6).
 
+Part 3: the --direct rows solved again with `transpose=False` (the problem as given, not its transposed
+form; the `forms` column says which forms the default run used), same tolerance, budget and runs, with
+the CPU ratio of the two medians measured in the same invocation.
+
 BLAS is limited to one thread (threadpoolctl).
 
     .venv/bin/python -m benchmarks.bench_minimax [--budget 60] [--tol 1e-6] [--tol-large 1e-4]
@@ -77,11 +81,11 @@ def progress(name: str, n: int, run: int) -> Callable[[dict], None]:
     return show
 
 
-def run_minimax(name: str, n: int, tol: float, budget: float, runs: int) -> dict:
+def run_minimax(name: str, n: int, tol: float, budget: float, runs: int, transpose: bool = True) -> dict:
     w = MAKE[name](n)
     walls, cpus, res = [], [], None
     for run in range(runs):
-        res = solve_minimax(w, tol=tol, time_limit=budget, callback=progress(name, n, run))
+        res = solve_minimax(w, tol=tol, time_limit=budget, callback=progress(name, n, run), transpose=transpose)
         walls.append(res.wall_seconds)
         cpus.append(res.cpu_seconds)
         if res.status != "converged":
@@ -100,6 +104,7 @@ def run_minimax(name: str, n: int, tol: float, budget: float, runs: int) -> dict
         "n": n,
         "m": rows.m,
         "status": res.status,
+        "forms": "+".join(res.extra["forms"]),
         "runs": len(walls),
         "wall_s": statistics.median(walls),
         "cpu_s": statistics.median(cpus),
@@ -133,9 +138,14 @@ def write(rows: list[dict], conic: list[dict], args: argparse.Namespace) -> None
             "Unit noise (P = 1): max std = sqrt(max_i Var_i), total = sum_i Var_i, for the minimax "
             "strategy and for the sum-optimal one (solve_convex_dp, gap 1e-10).\n\n"
         )
-        cols = ["workload", "n", "m", "tol", "status", "runs", "wall_s", "cpu_s", "outer_iters", "inner_solves",
+        cols = ["workload", "n", "m", "tol", "forms", "status", "runs", "wall_s", "cpu_s", "outer_iters", "inner_solves",
                 "lower", "upper", "gap", "minimax_max_std", "sum_opt_max_std", "minimax_total", "sum_opt_total"]
-        f.write(df[cols].to_markdown(index=False, floatfmt=".4g") + "\n\n")
+        f.write(df[[k for k in cols if k in df]].to_markdown(index=False, floatfmt=".4g") + "\n\n")
+        direct = [k for k in df if k.startswith(("direct_", "cpu_ratio_direct"))]
+        if direct:
+            f.write("## The same rows solved as given (transpose=False), side by side in one invocation\n\n")
+            f.write(df.dropna(subset=direct)[["workload", "n", "forms", "status", "cpu_s", "gap", *direct]]
+                    .to_markdown(index=False, floatfmt=".4g") + "\n\n")
         if len(dc):
             f.write(
                 "## Conic model (formulations.minimax, SCS at each row's scs_eps; limits in the notes) "
@@ -158,6 +168,8 @@ def main() -> None:
                     help="workload:n rows also solved by the conic model")
     ap.add_argument("--scs-tol", type=float, default=1e-6)
     ap.add_argument("--scs-limit", type=float, default=120.0)
+    ap.add_argument("--direct", default="",
+                    help="workload:n rows also solved as given (transpose=False), side by side with the default")
     ap.add_argument("--runs", type=int, default=3, help="runs per row (the median is reported)")
     ap.add_argument("--workloads", default="all-range,prefix,width32,wrange,marginals2")
     ap.add_argument("--sizes", default="64,256,1024", help="n values")
@@ -205,6 +217,12 @@ def main() -> None:
                     }
                     conic = [q for q in conic if (q["workload"], q["n"]) != (name, n)] + [c]
                     print(c, flush=True)
+                    write(rows, conic, args)
+                if f"{name}:{n}" in args.direct.split(","):
+                    d = run_minimax(name, n, tol, args.budget if small else args.budget_large, args.runs, False)
+                    r.update({f"direct_{k}": d[k] for k in ("status", "runs", "cpu_s", "gap")},
+                             cpu_ratio_direct_over_default=d["cpu_s"] / r["cpu_s"])
+                    print({k: v for k, v in r.items() if k.startswith(("direct", "cpu_ratio"))}, flush=True)
                     write(rows, conic, args)
 
 
