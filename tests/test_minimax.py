@@ -146,9 +146,9 @@ def test_rank_deficient_bounds_stay_ordered(solved, name):
     assert res.extra["basis"].shape == (w.n, np.linalg.matrix_rank(w.matrix()))
 
 
-@pytest.mark.parametrize("make", [lambda: WidthK(16, 4), lambda: WRange(16, 64, seed=0)])
+@pytest.mark.parametrize("make", [lambda: WidthK(16, 9), lambda: WRange(16, 64, seed=0)])
 def test_transposed_form_certifies_the_same_optimum(make):
-    """Full row rank, fewer queries than cells: the transposed form (module docstring) and the problem as
+    """Full row rank, at most half as many queries as cells: the transposed form (module docstring) and the problem as
     given bound one optimum, under non-uniform targets too, and the strategy mapped back is feasible
     with the variances it reports."""
     w = make()
@@ -172,6 +172,7 @@ def test_transposed_form_falls_back_to_the_problem_as_given():
     res = solve_minimax(WRange(16, 64, seed=0), tol=GAP_TOL, time_limit=60)
     assert res.status == "converged" and res.gap <= GAP_TOL
     assert res.extra["forms"][0] == "transposed"
+    assert solve_minimax(WidthK(16, 4), tol=GAP_TOL).extra["forms"] == ("direct",)  # m = 13 > n / 2
 
 
 def test_marginals_use_the_matrix_form_and_inputs_are_validated():
