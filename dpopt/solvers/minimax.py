@@ -58,8 +58,9 @@ Wt^T (n queries over m cells, unit targets, full column rank). Its joint dual is
 exchanged (D_d^{1/2} W^T D_{u/c} W D_d^{1/2} and D_u^{1/2} Wt D_d Wt^T D_u^{1/2} have the same nonzero
 eigenvalues), so its certified bounds are this problem's. Its inner Grams are m x m instead of n x n,
 singular only when the active cells do not span R^m, where here G_u loses rank with any inactive query.
-Measured (one BLAS thread, single runs on a shared machine): WRange(256, 1024) to a 1.8e-10 gap in 2.0
-CPU s against 1.2e-7 in 8.5 s; WRange(512, 2048) to 3.7e-5 in 183 s against 4.4e-3 after 600 s.
+Measured side by side (benchmarks/results/minimax.md, `bench_minimax --direct`, one BLAS thread): WRange(256,
+1024) in 2.36 CPU s against 10.6 as given (medians of 3); WRange(512, 2048) (single runs) converged at 3.7e-5
+in 164 s where the problem as given stopped at its budget at 4.4e-3 after 408 s.
 
 Range workloads (AllRange, Prefix, WidthK, WRange and any 0/1 workload of contiguous rows) are held
 as pairs of boundaries: query [a, b] is e_{b+1} - e_a on the n + 1 prefix boundaries, so G_u is two
@@ -93,7 +94,7 @@ from dpopt.solvers.result import (
     stop_rule,
 )
 from dpopt.validation import check_number, check_positive_number, check_time_limit
-from dpopt.workloads import AllRange, Prefix, Workload
+from dpopt.workloads import AllRange, Prefix, Workload, _range_rows
 
 #: A step is accepted when the inner dual bound does not fall by more than this relative amount (the
 #: bound is computed from singular values to about this accuracy). Measured: a slack of the inner gap
@@ -129,8 +130,9 @@ _NEWTON_DAMPING = 1e-4
 _NEWTON_DAMPING_MAX = 1e2
 _NEWTON_FLOOR = 0.1
 #: The transposed form is used when it shrinks the inner Grams to m <= this fraction of n (8x cheaper
-#: eigendecompositions). Measured (single runs on a shared machine, tol 1e-4): Width32(1024) (m = n - 31)
-#: stopped at a 4.6e-4 gap after 397 CPU s transposed, against converged in 215 s as given.
+#: eigendecompositions). Measured at tol 1e-4 on a shared machine, not side by side: Width32(1024) (m = n - 31)
+#: transposed stopped at a 4.6e-4 gap after 397 CPU s (one run, 600 s budget); as given it converges in 215 s
+#: (benchmarks/results/minimax.md, median of 3).
 _TRANSPOSE_MAX_RATIO = 0.5
 
 
@@ -467,7 +469,8 @@ def transposed_rows(rows: MatrixRows | RangeRows, c: np.ndarray) -> np.ndarray |
     docstring), else None."""
     if rows.m > _TRANSPOSE_MAX_RATIO * rows.n:
         return None
-    Wt = (rows.W if isinstance(rows, MatrixRows) else rows.project(np.eye(rows.n))) / np.sqrt(c)[:, None]
+    W = rows.W if isinstance(rows, MatrixRows) else _range_rows(rows.n, rows.lo, rows.hi - 1).toarray()
+    Wt = W / np.sqrt(c)[:, None]
     return Wt if row_space_basis(MatrixRows(Wt.T), np.ones(rows.n)) is None else None
 
 
