@@ -207,6 +207,36 @@ def test_svd_fallback_when_the_eigenbasis_bound_gives_up(monkeypatch: pytest.Mon
     np.testing.assert_allclose(res.dual_bound, convex_dp_dual_bound(G, res.extra["d"]), rtol=1e-12)
 
 
+def test_ill_conditioned_points_are_evaluated_by_singular_values() -> None:
+    """V = Q orthogonal: X(d) = D^{-1/2}, phi = sum sqrt(d). With d down to 1e-14 (T = Q D Q^T past _PD_RTOL),
+    eigh knows T's smallest eigenvalue only to eps / 1e-14 = 2% relative; the SVD of Q D^{1/2} gives sqrt(d)
+    to n eps / 1e-7 = 1e-8 relative, so x = 1 / sqrt(d) to that times the basis' error: 1e-6 allows 100x."""
+    from dpopt.solvers.convex_dp_dual import _PD_RTOL, ConvexDPDual
+
+    n = 6
+    Q, _ = np.linalg.qr(np.random.default_rng(0).standard_normal((n, n)))
+    d = np.logspace(0, -14, n)
+    assert d.min() < _PD_RTOL * d.max()  # beyond the eigenvalue test: the SVD path is the one checked
+    problem = ConvexDPDual(Q.T.copy())
+    p = problem.evaluate(d)
+    assert p is not None and problem.n_svd == 1
+    np.testing.assert_allclose(p.x, 1.0 / np.sqrt(d), rtol=1e-6)
+    np.testing.assert_allclose(p.phi, np.sqrt(d).sum(), rtol=1e-12)
+    d[-1] = 0.0  # exactly singular: rejected without an SVD
+    assert problem.evaluate(d) is None and problem.n_svd == 1
+
+
+def test_ill_conditioned_nonsingular_gram_converges() -> None:
+    """G = Q diag(lam) Q^T with cond 1e10 (n = 64): the optimum's T = (D^{1/2} X D^{1/2})^2 passes the
+    eigenvalue test's 1 / _PD_RTOL = 4.5e12, where rejecting every such point stalled the ascent at a 0.2 gap."""
+    n = 64
+    Q, _ = np.linalg.qr(np.random.default_rng(0).standard_normal((n, n)))
+    G = (Q * np.logspace(0, -10, n)) @ Q.T
+    res = solve_convex_dp(G, tol=1e-8)
+    assert res.status == CONVERGED and res.gap <= 1e-8
+    assert res.extra["decompositions"]["svd"] > 1  # T's spectrum was read from singular values
+
+
 @pytest.mark.parametrize("kind", ["allrange", "prefix", "widthk"])
 def test_float32_hessian_products_take_the_float64_path(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """CG in float32 changes only the Newton directions (relative error ~ k * 6e-8 against CG residuals of
