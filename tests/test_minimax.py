@@ -11,6 +11,8 @@ from dpopt.solvers.minimax import (
     fitness_for_use,
     query_rows,
     solve_minimax,
+    transposed_rows,
+    untranspose,
 )
 from dpopt.workloads import AllRange, Marginals, Prefix, WidthK, WRange
 from formulations import minimax, per_query
@@ -167,11 +169,18 @@ def test_transposed_form_certifies_the_same_optimum(make):
 
 
 def test_transposed_form_falls_back_to_the_problem_as_given():
-    """WRange(16, 64) (seed 0): the transposed problem's active cells leave its Gram singular; whichever
-    form stops short, the two forms' bounds together certify the optimum to tol."""
-    res = solve_minimax(WRange(16, 64, seed=0), tol=GAP_TOL, time_limit=60)
-    assert res.status == "converged" and res.gap <= GAP_TOL
-    assert res.extra["forms"][0] == "transposed"
+    """WRange(16, 64) (seed 0) with targets in [1, 3]: the transposed form stops short of tol (queries inactive at
+    the optimum), so the problem as given is solved as well and the result keeps each form's better bound."""
+    w = WRange(16, 64, seed=0)
+    c = np.random.default_rng(0).uniform(1.0, 3.0, w.m)
+    res = solve_minimax(w, c, tol=GAP_TOL, time_limit=60)
+    given = solve_minimax(w, c, tol=GAP_TOL, time_limit=60, transpose=False)
+    Wt = transposed_rows(query_rows(w), c)
+    alone = untranspose(solve_minimax(Wt.T, tol=GAP_TOL, time_limit=60, transpose=False), Wt, c, 0.0, 0.0)
+    assert alone.gap > GAP_TOL and res.extra["forms"] == ("transposed", "direct")
+    assert res.fun == min(alone.fun, given.fun) and res.dual_bound == max(alone.dual_bound, given.dual_bound)
+    assert res.dual_bound <= res.fun and res.gap == pytest.approx(1.0 - res.dual_bound / res.fun, rel=1e-12)
+    assert solve_minimax(WRange(16, 64, seed=0), tol=GAP_TOL).extra["forms"] == ("transposed",)  # unit targets
     assert solve_minimax(WidthK(16, 4), tol=GAP_TOL).extra["forms"] == ("direct",)  # m = 13 > n / 2
 
 
