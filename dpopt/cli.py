@@ -32,7 +32,7 @@ def add_privacy_flags(p: argparse.ArgumentParser, epsilon_help: str | None = Non
                         "always draws the smallest sigma OpenDP certifies")
 
 
-def _time_limit(text: str) -> float | None:
+def time_limit_arg(text: str) -> float | None:
     """--time-limit: seconds > 0, or 'none' for no limit."""
     if text.strip().lower() in ("none", "inf"):
         return None
@@ -90,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", "-f", choices=["table", "markdown", "csv", "json"], default="table")
     p.add_argument("--plot", default=None,
                    help="also draw the comparison as a bar chart to this PNG file (its folder must exist)")
-    p.add_argument("--time-limit", type=_time_limit, default=DEFAULT_TIME_LIMIT, metavar="SECONDS",
+    p.add_argument("--time-limit", type=time_limit_arg, default=DEFAULT_TIME_LIMIT, metavar="SECONDS",
                    help=f"wall-clock seconds for each mechanism's strategy selection (default {DEFAULT_TIME_LIMIT:g}; "
                         "'none' for no limit). An iterative solver that reaches it keeps its best valid strategy "
                         "(status time_limit, not certified optimal); a mechanism estimated to need more is "

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from dpopt.cli import _time_limit
+from dpopt.cli import time_limit_arg
 
 COMMANDS = ("sweep", "reproduce", "crossval")
 
@@ -49,7 +49,7 @@ def _add_executor_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scheduler", default=None, help="Dask scheduler address (e.g. tcp://host:8786)")
     p.add_argument("--cache", default=None, help="directory of per-task results (resume and reuse)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    p.add_argument("--time-limit", type=_time_limit, default=None, metavar="SECONDS",
+    p.add_argument("--time-limit", type=time_limit_arg, default=None, metavar="SECONDS",
                    help="wall-clock seconds per fit (a capped solver returns its best valid strategy, status "
                         "time_limit); default: the config's time_limit, else none")
 

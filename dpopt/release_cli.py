@@ -131,10 +131,15 @@ def add_answer_parser(subparsers: Any) -> argparse.ArgumentParser:
                         f"{DEFAULT_FAIR_DOMAIN}")
     p.add_argument("--workload", metavar="SPEC", default="marginals:1",
                    help="queries to answer (see below); default: marginals:1")
-    from dpopt.cli import add_privacy_flags
+    from dpopt.cli import add_privacy_flags, time_limit_arg
+    from dpopt.compare import DEFAULT_TIME_LIMIT
 
     add_privacy_flags(p, epsilon_help="privacy parameter epsilon > 0 of this release (required unless "
                                       "--target-std asks for the epsilon needed)")
+    p.add_argument("--time-limit", type=time_limit_arg, default=DEFAULT_TIME_LIMIT, metavar="SECONDS",
+                   help=f"wall-clock seconds for the strategy selection (default {DEFAULT_TIME_LIMIT:g}, as in "
+                        "compare; 'none' for no limit). A solver that reaches it keeps its best valid strategy "
+                        "(status time_limit, not certified optimal), which the release and --target-std use")
     p.add_argument("--mechanism", metavar="NAME", default="identity",
                    help="strategy selection: a name from dpopt's mechanism registry "
                         "(default: identity)")
@@ -168,6 +173,18 @@ def add_answer_parser(subparsers: Any) -> argparse.ArgumentParser:
 def _say(args: argparse.Namespace, msg: str) -> None:
     if not getattr(args, "quiet", False):
         print(f"dpopt answer: {msg}", file=sys.stderr, flush=True)
+
+
+def _fit(args: argparse.Namespace, mech: Any, workload: Any, privacy: Any) -> Any:
+    """mech.fit within --time-limit, reporting the solver's iteration and certified gap every 5 s."""
+    last = [time.perf_counter()]
+
+    def progress(info: dict[str, Any]) -> None:
+        if time.perf_counter() - last[0] >= 5.0:
+            last[0] = time.perf_counter()
+            gap = info.get("gap")
+            _say(args, f"  iteration {info.get('iteration')}" + ("" if gap is None else f", certified gap {gap:.2g}"))
+    return mech.fit(workload, privacy, time_limit=args.time_limit, progress=progress)
 
 
 def _load_table(args: argparse.Namespace) -> tuple[pd.DataFrame, Domain]:
@@ -298,7 +315,7 @@ def _fitness_for_use(args: argparse.Namespace, workload: Any, privacy: Any) -> t
         raise CliError(f"--target-std selects the minimax strategy (mm-optimal, objective max); it cannot "
                        f"be combined with --mechanism {args.mechanism}")
     target = _target_variances(args, workload)
-    mech = make_mechanism("mm-optimal", objective="max", targets=target).fit(workload, privacy)
+    mech = _fit(args, make_mechanism("mm-optimal", objective="max", targets=target), workload, privacy)
     unit = np.asarray(mech.query_unit_variances(), dtype=float)
     sens2 = float(mech.strategy_.sens2)
     sigma_max = float(np.min(np.sqrt(target / unit)))  # Var_i = sigma^2 unit_i <= S_i^2 for every query
@@ -352,7 +369,7 @@ def answer_command(args: argparse.Namespace) -> int:
             mech = fitted
         else:
             _say(args, f"fitting {args.mechanism} on {m} queries x {n} cells ...")
-            mech.fit(workload, privacy)
+            _fit(args, mech, workload, privacy)
         info = getattr(mech, "fit_info_", None)
         status = f", {info.status}" if info is not None else ""
         _say(args, f"fitted in {time.perf_counter() - t0:.2f} s{status}")

@@ -83,6 +83,22 @@ def test_per_query_targets_from_a_csv(tmp_path) -> None:
     assert ratio.max() <= 1.0 and ratio.max() >= 1 - EXACT
 
 
+@pytest.mark.parametrize(("flags", "limit"), [([], 60.0), (["--time-limit", "7.5"], 7.5), (["--time-limit", "none"], None)])
+def test_answer_selects_within_its_time_limit(flags: list[str], limit: float | None,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """--time-limit (default compare's 60 s) reaches the minimax solver, with a progress callback beside it."""
+    import dpopt.solvers.minimax as minimax
+
+    seen: list[dict] = []
+    solve = minimax.solve_minimax
+    monkeypatch.setattr(minimax, "solve_minimax", lambda *a, **k: seen.append(k) or solve(*a, **k))
+    rc, out, _ = _answer("--target-std", "20", *flags)
+    assert rc == 0 and "epsilon needed" in out and len(seen) == 1
+    given = seen[0].get("time_limit")
+    assert given is None if limit is None else 0.0 < given <= limit
+    assert callable(seen[0]["callback"])
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--target-std", "0"], "standard deviation > 0"),
     (["--target-std", "nowhere.csv"], "neither a number nor a CSV"),
