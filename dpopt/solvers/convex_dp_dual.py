@@ -41,7 +41,7 @@ from dpopt.solvers.result import SolverResult, relative_gap
 #: V D^{1/2} (absolute error eps s_max, not sqrt(eps) s_max; about two eigendecompositions' cost) with the
 #: same test on s: on the transposed WRange(512, 2048) the ill-conditioned G_u of the minimax solver had
 #: inner solves rejecting 90% of their points and stalling (330 eigendecompositions, gap 1.8e-2); with it
-#: they converge in 8 to 11 (measured; 164 -> 54 CPU s for the minimax solve). For singular G it is not
+#: they converge in 8 to 11 (measured; 170 -> 46 CPU s for the minimax solve, medians of 3). For singular G it is not
 #: used: there the projected method zeros multipliers on purpose, and accepting such points sent the
 #: minimax solver on tests/test_answer_targets' non-uniform targets to a 5.6e-3 stall against 9.7e-6.
 _PD_RTOL = 1e3 * np.finfo(float).eps

@@ -58,8 +58,8 @@ Wt^T (n queries over m cells, unit targets, full column rank). Its joint dual is
 exchanged (D_d^{1/2} W^T D_{u/c} W D_d^{1/2} and D_u^{1/2} Wt D_d Wt^T D_u^{1/2} have the same nonzero
 eigenvalues), so its certified bounds are this problem's. Its inner Grams are m x m instead of n x n,
 singular only when the active cells do not span R^m, where here G_u loses rank with any inactive query.
-Measured (benchmarks/results/minimax.md, one BLAS thread, medians of 3): WRange(256, 1024) in 1.92 CPU s
-against 10.4 as given (side by side, `bench_minimax --direct`); WRange(512, 2048) converged at 6.4e-5 in 46 s,
+Measured (benchmarks/results/minimax.md, one BLAS thread, medians of 3): WRange(256, 1024) in 1.94 CPU s
+against 9.30 as given (side by side, `bench_minimax --direct`); WRange(512, 2048) converged at 6.4e-5 in 48 s,
 where the problem as given stopped at its budget at 4.4e-3 after 408 s (single run). A W of lower row rank is
 solved as given: WRange(1024, 4096) (seed 0) has rank 1023.
 
