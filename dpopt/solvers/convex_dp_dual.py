@@ -13,10 +13,10 @@ multiplier reaches zero (e.g. the end cells of WidthK) have diag(X) < 1 at the o
 Cost per solve, in O(n^3) steps: one eigen-decomposition of G (`range_factor`), one of T per evaluated
 point (the start, each Newton iterate, each backtracked trial; an SVD too where T is ill-conditioned,
 `_PD_RTOL`), two products per evaluated point (T and Z), two float32 products per CG step plus one for
-the Jacobi diagonal per Newton step, and per primal
-candidate one product, one Cholesky factorisation and one triangular solve. The certificate reuses the
-last eigenbasis (`convex_dp_core.nuclear_norm_lower_bound`: one product and a Cholesky factorisation);
-the SVD of V D^{1/2} is computed only if that bound leaves a gap above tol.
+the Jacobi diagonal per Newton step, and per primal candidate one product, one Cholesky factorisation
+and one triangular solve. The certificate reuses the last eigenbasis (`convex_dp_core.nuclear_norm_lower_bound`:
+one product and a Cholesky factorisation); the SVD of V D^{1/2} is computed only if that bound leaves a gap
+above tol.
 """
 
 from __future__ import annotations
@@ -39,10 +39,10 @@ from dpopt.solvers.result import SolverResult, relative_gap
 #: T = V D V^T counts as positive definite when its eigenvalues exceed this times its largest one (s then has
 #: relative error below eps / _PD_RTOL). Past it, for nonsingular G (k = n) and d > 0, s comes from an SVD of
 #: V D^{1/2} (absolute error eps s_max, not sqrt(eps) s_max; about two eigendecompositions' cost) with the
-#: same test on s: on the transposed WRange(512, 2048) the ill-conditioned G_u of the minimax solver had
-#: inner solves rejecting 90% of their points and stalling (330 eigendecompositions, gap 1.8e-2); with it
-#: they converge in 8 to 11 (measured; 170 -> 46 CPU s for the minimax solve, medians of 3). For singular G it is not
-#: used: there the projected method zeros multipliers on purpose, and accepting such points sent the
+#: same test on s. Measured: on the transposed WRange(512, 2048), inner solves of the minimax solver on
+#: ill-conditioned G_u rejected 90% of their points and stalled (330 eigendecompositions, gap 1.8e-2); with
+#: the SVD they converge in 8 to 11, and the minimax solve takes 46 CPU s against 170 (medians of 3). Not for
+#: singular G: there the projected method zeros multipliers on purpose, and accepting such points sent the
 #: minimax solver on tests/test_answer_targets' non-uniform targets to a 5.6e-3 stall against 9.7e-6.
 _PD_RTOL = 1e3 * np.finfo(float).eps
 #: Rows (of Z) or columns (of V^T) per block in streamed reductions: caps temporaries at _BLOCK x n.
