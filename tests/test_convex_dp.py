@@ -221,6 +221,7 @@ def test_ill_conditioned_points_are_evaluated_by_singular_values() -> None:
     p = problem.evaluate(d)
     assert p is not None and problem.n_svd == 1
     np.testing.assert_allclose(p.x, 1.0 / np.sqrt(d), rtol=1e-6)
+    # phi = sum(s) >= s_max = 1 and each s is within about n eps of exact: relative error ~ n^2 eps = 8e-15.
     np.testing.assert_allclose(p.phi, np.sqrt(d).sum(), rtol=1e-12)
     d[-1] = 0.0  # exactly singular: rejected without an SVD
     assert problem.evaluate(d) is None and problem.n_svd == 1

@@ -169,10 +169,11 @@ def test_transposed_form_certifies_the_same_optimum(make):
 
 
 def test_transposed_form_falls_back_to_the_problem_as_given():
-    """WRange(16, 64) (seed 0) with targets in [1, 3]: the transposed form stops short of tol (queries inactive at
-    the optimum), so the problem as given is solved as well and the result keeps each form's better bound."""
-    w = WRange(16, 64, seed=0)
-    c = np.random.default_rng(0).uniform(1.0, 3.0, w.m)
+    """WRange(16, 64) (seed 2) with targets in [1, 3]: the transposed form stalls short of tol (at 3.1e-4 when
+    measured, 300 x GAP_TOL, so not a round-off matter), so the problem as given is solved as well and the result
+    keeps each form's better bound."""
+    w = WRange(16, 64, seed=2)
+    c = np.random.default_rng(2).uniform(1.0, 3.0, w.m)
     res = solve_minimax(w, c, tol=GAP_TOL, time_limit=60)
     given = solve_minimax(w, c, tol=GAP_TOL, time_limit=60, transpose=False)
     Wt = transposed_rows(query_rows(w), c)
