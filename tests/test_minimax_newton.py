@@ -10,7 +10,7 @@ import pytest
 
 from dpopt.solvers.diag_dual_newton import pcg
 from dpopt.solvers.minimax import query_rows, solve_minimax
-from dpopt.solvers.minimax_newton import JointPoint, newton_ascent, newton_direction
+from dpopt.solvers.minimax_newton import JointPoint, newton_ascent, newton_direction, newton_step
 from dpopt.workloads import AllRange, Prefix, WidthK, WRange
 
 EPS = np.finfo(float).eps
@@ -144,3 +144,18 @@ def test_cg_starts_no_product_after_its_deadline() -> None:
     assert steps == len(calls) == 1 and np.ones(5) @ x > 0
     _, steps = pcg(hess, np.ones(5), np.ones(5), 1e-12, 50)
     assert steps > 1
+
+
+def test_newton_step_tries_no_point_after_its_deadline() -> None:
+    p = _point(Prefix(16), np.random.default_rng(0))
+    judged: list[float] = []
+
+    def judge(u: np.ndarray, d: np.ndarray) -> bool:
+        judged.append(float(u.sum()))
+        return False  # no ascent: each of the three step lengths is tried
+
+    verdict, _, trials = newton_step(p, 0.1, 100, 1e-4, 1e2, 0.1, judge)
+    assert verdict is None and trials == len(judged) == 3
+    judged.clear()
+    verdict, _, trials = newton_step(p, 0.1, 100, 1e-4, 1e2, 0.1, judge, deadline=time.perf_counter() - 1.0)
+    assert verdict is None and trials == len(judged) == 0

@@ -129,14 +129,17 @@ def newton_step(
 
     judge returns a truthy value (taken and returned), a falsy one (no ascent: next t) or None (A(u) or
     B(d) singular on the row space: the same t with every query weight at least `floor` of itself; flooring
-    the cell weights too took Width32(512) 37 s of CPU against 10 s). Returns judge's verdict (None when no
-    t was accepted), the damping for the next step (x10 after a failed direction, cap damping_max; /3 after
-    an accepted one) and the number of judged trials.
+    the cell weights too took Width32(512) 37 s of CPU against 10 s). No trial starts after the deadline (each
+    is an O(n^3) point or inner solve: WRange(1024, 4096)'s last ascent ended 49 s past its 3000 s budget). Returns
+    judge's verdict (None when no t was accepted), the damping for the next step (x10 after a failed
+    direction, cap damping_max; /3 after an accepted one) and the number of judged trials.
     """
     du, dd, _ = newton_direction(point, eta, max_cg, damping, deadline)
     trials = 0
     for t in (1.0, 0.5, 0.25):
         for lo in (0.0, floor):
+            if deadline is not None and time.perf_counter() > deadline:
+                return None, damping, trials
             u_new, d_new = np.maximum(point.u + t * du, lo * point.u), point.d + t * dd
             trials += 1
             verdict = judge(u_new / u_new.sum(), np.maximum(d_new, 1e-14 * d_new.max()))
