@@ -143,8 +143,3 @@ def _report(exp: Experiment, scale: str, settings: Sequence[str], summary: pd.Da
         p(f"  {d}")
     for k, v in files.items():
         p(f"wrote {k}: {v}")
-
-
-def list_experiments() -> pd.DataFrame:
-    """Name, title and source of every registered experiment."""
-    return pd.DataFrame([{"name": e.name, "title": e.title, "source": e.source} for e in EXPERIMENTS.values()])
