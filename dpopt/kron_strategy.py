@@ -22,6 +22,7 @@ from dpopt.data import Records, data_vector
 from dpopt.linalg import column_norm_powers, kron_matvec
 from dpopt.privacy import Perturb, Privacy, research_perturb
 from dpopt.strategy import FactoredStrategy, Strategy, StrategyError
+from dpopt.validation import check_finite_matrix
 from dpopt.workloads import MAX_DENSE_ENTRIES, Kron, Workload, kron_form
 
 # Relative tolerance for "the strategy supports the workload" (relative Frobenius residual).
@@ -66,13 +67,7 @@ class KronStrategy(FactoredStrategy):
                 if f.B is not None and not _is_identity(f.B):
                     raise ValueError(f"factor {i} carries a B other than I; expected a matrix-mechanism strategy")
                 f = f.A
-            M = sp.csr_matrix(f, dtype=float) if sp.issparse(f) else np.asarray(f, dtype=float)
-            if M.ndim != 2 or M.shape[0] == 0 or M.shape[1] == 0:
-                raise ValueError(f"factor {i} must be a non-empty 2-D matrix, got shape {M.shape}")
-            data = M.data if sp.issparse(M) else M
-            if not np.all(np.isfinite(data)):
-                raise ValueError(f"factor {i} has NaN or infinite entries")
-            mats.append(M)
+            mats.append(check_finite_matrix(f, f"factor {i}", keep_sparse=True))
         self.factors = mats
         self.domain_sizes = tuple(int(M.shape[1]) for M in mats)
         self.name = name

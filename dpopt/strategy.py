@@ -52,22 +52,9 @@ class Strategy:
         name: str = "strategy",
         gamma: float = 0.0,
     ) -> None:
-        if sp.issparse(A):
-            A = sp.csr_matrix(A, dtype=float)
-            if A.shape[0] == 0 or A.shape[1] == 0:
-                raise ValueError(f"strategy A must have at least one row and one column, got {A.shape}")
-            if A.nnz and not np.all(np.isfinite(A.data)):
-                raise ValueError("strategy A has NaN or infinite entries; expected only finite numbers")
-            self.A: np.ndarray | sp.csr_matrix = A
-        else:
-            self.A = check_finite_matrix(A, "strategy A")
+        self.A: np.ndarray | sp.csr_matrix = check_finite_matrix(A, "strategy A", keep_sparse=True)
         if B is not None:
-            if sp.issparse(B):
-                B = sp.csr_matrix(B, dtype=float)
-                if B.nnz and not np.all(np.isfinite(B.data)):
-                    raise ValueError("reconstruction B has NaN or infinite entries")
-            else:
-                B = check_finite_matrix(B, "reconstruction B")
+            B = check_finite_matrix(B, "reconstruction B", keep_sparse=True)
             if B.shape[1] != self.A.shape[0]:
                 raise ValueError(
                     f"reconstruction B has {B.shape[1]} columns but A has {self.A.shape[0]} rows; "

@@ -8,27 +8,33 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
 
 
-def check_finite_matrix(M: object, what: str) -> np.ndarray:
+def check_finite_matrix(M: object, what: str, keep_sparse: bool = False) -> np.ndarray | sp.csr_matrix:
     """Return M as a 2-D float array with at least one row and column and only finite entries.
 
-    M may be an array, a scipy sparse matrix or an object with a .matrix() method (a Workload).
+    M may be an array, a scipy sparse matrix or an object with a .matrix() method (a Workload). With
+    keep_sparse, a sparse M comes back as a checked CSR matrix instead of a dense array.
     """
-    if hasattr(M, "matrix") and callable(M.matrix):
-        M = M.matrix()
-    if hasattr(M, "toarray") and callable(M.toarray):
-        M = M.toarray()
-    try:
-        A = np.asarray(M, dtype=float)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{what} must be a numeric 2-D matrix; could not convert it: {exc}") from exc
-    if A.ndim != 2:
-        raise ValueError(f"{what} must be a 2-D matrix, got an array with {A.ndim} dimension(s)")
+    if keep_sparse and sp.issparse(M):
+        A = sp.csr_matrix(M, dtype=float)
+        values = A.data
+    else:
+        if hasattr(M, "matrix") and callable(M.matrix):
+            M = M.matrix()
+        if hasattr(M, "toarray") and callable(M.toarray):
+            M = M.toarray()
+        try:
+            A = values = np.asarray(M, dtype=float)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{what} must be a numeric 2-D matrix; could not convert it: {exc}") from exc
+        if A.ndim != 2:
+            raise ValueError(f"{what} must be a 2-D matrix, got an array with {A.ndim} dimension(s)")
     if A.shape[0] == 0 or A.shape[1] == 0:
         raise ValueError(f"{what} must have at least one row and one column, got shape {A.shape}")
-    if not np.all(np.isfinite(A)):
-        bad = int(np.size(A) - np.count_nonzero(np.isfinite(A)))
+    if not np.all(np.isfinite(values)):
+        bad = int(np.size(values) - np.count_nonzero(np.isfinite(values)))
         raise ValueError(f"{what} has {bad} NaN or infinite entries; expected only finite numbers")
     return A
 

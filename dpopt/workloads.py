@@ -171,14 +171,7 @@ class ExplicitWorkload(Workload):
         row_labels: Sequence[str] | None = None,
         domain: object | None = None,
     ) -> None:
-        if sp.issparse(W):
-            W = sp.csr_matrix(W, dtype=float)
-            check_finite_matrix(W.data.reshape(1, -1) if W.nnz else np.zeros((1, 1)), "workload")
-            if W.shape[0] == 0 or W.shape[1] == 0:
-                raise ValueError(f"workload must have at least one query and one cell, got shape {W.shape}")
-            self._W: np.ndarray | sp.csr_matrix = W
-        else:
-            self._W = check_finite_matrix(W, "workload")
+        self._W: np.ndarray | sp.csr_matrix = check_finite_matrix(W, "workload", keep_sparse=True)
         if row_labels is not None and len(row_labels) != self._W.shape[0]:
             raise ValueError(
                 f"row_labels has {len(row_labels)} entries but the workload has {self._W.shape[0]} rows"
