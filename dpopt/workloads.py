@@ -646,22 +646,10 @@ def _matvec(w: Workload, x: np.ndarray) -> np.ndarray:
     return mv(x) if mv is not None else w.sparse() @ np.asarray(x, dtype=float)
 
 
-class _Ones(Workload):
+class _Ones(Total):
     """The 1 x n all-ones query used to sum out an attribute inside a marginal."""
 
-    def __init__(self, n: int) -> None:
-        self._n = n
-        self.name = f"sum({n})"
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return (1, self._n)
-
-    def sparse(self) -> sp.csr_matrix:
-        return sp.csr_matrix(np.ones((1, self._n)))
-
-    def gram(self) -> np.ndarray:
-        return np.ones((self._n, self._n))
+    family = "sum"
 
     def row_labels(self) -> list[str]:
         return ["*"]
