@@ -23,7 +23,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from dpopt.linalg import down_closure, eigen_weights, kron_matvec, mask_of, residual_rank
-from dpopt.validation import as_generator, check_finite_matrix, check_positive_int, check_psd
+from dpopt.validation import as_generator, check_finite_matrix, check_gram, check_positive_int
 
 # Dense matrices larger than this many entries are refused (8 bytes each: 2 GB).
 MAX_DENSE_ENTRIES = 250_000_000
@@ -213,13 +213,7 @@ class GramWorkload(Workload):
     """A workload known only through its Gram matrix W^T W (n x n, symmetric PSD); rows unavailable."""
 
     def __init__(self, gram: np.ndarray, name: str = "gram", m: int | None = None) -> None:
-        G = check_finite_matrix(gram, "Gram matrix")
-        if G.shape[0] != G.shape[1]:
-            raise ValueError(f"Gram matrix must be square, got shape {G.shape}")
-        if not np.allclose(G, G.T, rtol=1e-10, atol=1e-12 * max(1.0, np.abs(G).max())):
-            raise ValueError("Gram matrix must be symmetric (W^T W)")
-        check_psd(np.linalg.eigvalsh(G), "Gram matrix", 1e-9, max(1.0, float(np.abs(G).max())))
-        self._G = (G + G.T) / 2
+        self._G = check_gram(gram, name="Gram matrix", allow_zero=True, psd_rtol=1e-9)
         self._m = m
         self.name = name
 
