@@ -8,6 +8,7 @@ import textwrap
 from collections.abc import Sequence
 
 from dpopt.specs import SPEC_HELP, SpecError, parse_workload
+from dpopt.validation import check_time_limit
 
 
 class _Parser(argparse.ArgumentParser):
@@ -37,12 +38,9 @@ def time_limit_arg(text: str) -> float | None:
     if text.strip().lower() in ("none", "inf"):
         return None
     try:
-        value = float(text)
+        return check_time_limit(float(text))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected seconds > 0 or 'none', got {text!r}") from None
-    if not (value > 0 and value != float("inf")):
-        raise argparse.ArgumentTypeError(f"expected seconds > 0 or 'none', got {text!r}")
-    return value
 
 
 def _paragraphs(text: str) -> str:

@@ -50,7 +50,7 @@ from dpopt.solvers.convex_dp_core import (
 from dpopt.solvers.convex_dp_dual import solve_dual
 from dpopt.solvers.convex_dp_primal import solve_primal
 from dpopt.solvers.result import SolverResult
-from dpopt.validation import check_choice, check_gram
+from dpopt.validation import check_choice, check_gram, check_time_limit
 
 _METHODS = ("dual", "primal")
 
@@ -149,8 +149,7 @@ def solve_convex_dp(
     max_iter = (100 if dual else 300) if max_iter is None else int(max_iter)
     max_cg = (200 if dual else 100) if max_cg is None else int(max_cg)
     check_newton_options(tol, forcing, max_iter, max_cg, damping if dual else 0.0)
-    if time_limit is not None and not time_limit > 0:
-        raise ValueError(f"time_limit must be positive seconds or None; got {time_limit!r}")
+    time_limit = check_time_limit(time_limit)
     if not dual and not (np.isfinite(theta) and theta > 0):
         raise ValueError(f"theta must be a positive finite number; got {theta!r}")
     G, c = unit_scale(check_gram(G))
