@@ -96,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--objective", choices=["sum", "max"], default="sum",
                    help="what mm-optimal minimises: the total squared error (default) or the largest per-query "
                         "variance (certified minimax); every row reports max_query_std")
+    p.set_defaults(func=_compare)
 
     from dpopt.release_cli import add_answer_parser
 
@@ -107,10 +108,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _privacy(args: argparse.Namespace):  # noqa: ANN202
+def _compare(args: argparse.Namespace) -> int:
+    """Run `dpopt compare`; returns the exit status."""
+    from dpopt.compare import main_compare
     from dpopt.privacy import Privacy
 
-    return Privacy(args.epsilon, args.delta, calibration=args.calibration)
+    mechs = [m.strip() for m in args.mechanisms.split(",") if m.strip()] if args.mechanisms else None
+    privacy = Privacy(args.epsilon, args.delta, calibration=args.calibration)
+    return main_compare(parse_workload(args.workload), privacy, mechs, args.format, args.plot,
+                        time_limit=args.time_limit, objective=args.objective)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -122,29 +128,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from threadpoolctl import threadpool_limits
 
     with threadpool_limits(args.blas_threads):
-        return _dispatch(parser, args)
-
-
-def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    """Run the chosen subcommand."""
-    try:
-        if args.command == "compare":
-            from dpopt.compare import main_compare
-
-            mechs = [m.strip() for m in args.mechanisms.split(",") if m.strip()] if args.mechanisms else None
-            return main_compare(parse_workload(args.workload), _privacy(args), mechs, args.format, args.plot,
-                                time_limit=args.time_limit, objective=args.objective)
-        from dpopt import cli_experiments
-
-        if args.command in cli_experiments.COMMANDS:
-            return cli_experiments.dispatch(args)
-    except (SpecError, ValueError) as exc:
-        print(f"dpopt: error: {exc}", file=sys.stderr)
-        return 2
-    if hasattr(args, "func"):  # subcommands registered by their own modules set their handler
-        return int(args.func(args))
-    parser.error(f"unknown command {args.command}")
-    return 2
+        try:
+            return int(args.func(args))  # every subcommand sets its handler
+        except (SpecError, ValueError) as exc:
+            print(f"dpopt: error: {exc}", file=sys.stderr)
+            return 2
 
 
 if __name__ == "__main__":

@@ -8,8 +8,6 @@ from pathlib import Path
 
 from dpopt.cli import time_limit_arg
 
-COMMANDS = ("sweep", "reproduce", "crossval")
-
 SWEEP_EPILOG = """\
 config file (TOML or JSON), e.g.:
   name = "ranges"
@@ -69,6 +67,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     p.add_argument("--out", default=None, help="write the results here (.csv; default: CSV on stdout)")
     p.add_argument("--plot", default=None, help="also draw mean error per mechanism and workload to this PNG")
     _add_executor_options(p)
+    p.set_defaults(func=_sweep)
 
     p = sub.add_parser(
         "reproduce",
@@ -95,6 +94,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     p.add_argument("--x", default=None, metavar="X[,X...]", dest="xs",
                    help="run only the points at these x-axis values (e.g. --x 8192: one n of a figure)")
     _add_executor_options(p)
+    p.set_defaults(func=_reproduce)
 
     p = sub.add_parser(
         "crossval",
@@ -110,17 +110,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     p.add_argument("--format", "-f", choices=["table", "markdown", "csv", "json"], default="table")
     p.add_argument("--out", default=None, help="also write the table as CSV here")
     p.add_argument("--plot", default=None, help="draw times and relative differences to this PNG")
-
-
-def dispatch(args: argparse.Namespace) -> int:
-    """Run the subcommand named by args.command; returns the exit status."""
-    if args.command == "sweep":
-        return _sweep(args)
-    if args.command == "reproduce":
-        return _reproduce(args)
-    if args.command == "crossval":
-        return _crossval(args)
-    raise ValueError(f"unknown experiment command {args.command!r}; expected one of {', '.join(COMMANDS)}")
+    p.set_defaults(func=_crossval)
 
 
 def _check_workers(workers: int | None) -> None:
