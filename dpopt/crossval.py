@@ -150,22 +150,6 @@ def _timed(fn: Callable[[], Any]) -> tuple[Any, float, float]:
     return out, time.perf_counter() - w0, time.process_time() - c0
 
 
-def _gram_from_weights(u: np.ndarray, G: np.ndarray, extra: dict[str, Any]) -> np.ndarray:
-    """Eigen-design weights to X = sum_i u_i v_i v_i^T; the eigenvectors come from the result or eigh(G)."""
-    u = np.asarray(u, dtype=float).ravel()
-    V = extra.get("eigenvectors")
-    if V is None:
-        d, Q = np.linalg.eigh(G)
-        keep = d > 1e-12 * d.max()
-        V = Q[:, keep]
-        if V.shape[1] != u.size:
-            V = Q[:, -u.size:] if u.size <= Q.shape[1] else None
-    if V is None or np.asarray(V).shape[1] != u.size:
-        raise ValueError(f"cannot match {u.size} eigen-design weights to eigenvectors of G")
-    V = np.asarray(V, dtype=float)
-    return (V * u) @ V.T
-
-
 # --------------------------------------------------------------------------------------------------
 # Adapters
 
@@ -176,13 +160,7 @@ def _hand_gram(module: str, func: str, output: str, **options: Any) -> Callable[
     def run(inst: Instance) -> Side:
         solve = getattr(import_module(module), func)
         res, wall, cpu = _timed(lambda: solve(inst.G, **options))
-        x = np.asarray(res.x, dtype=float)
-        if output == "strategy":  # x = A (r x n): X = A^T A
-            X = x.T @ x
-        elif output == "gram":
-            X = x
-        else:
-            X = _gram_from_weights(x, inst.G, res.extra)
+        X = res.gram(inst.G.shape[0], output)
         return Side(mm_objective(X, inst.G), float(res.fun), str(res.status), wall, cpu, int(res.nit))
 
     return run

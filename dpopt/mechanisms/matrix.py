@@ -161,10 +161,12 @@ class MatrixMechanism(Mechanism):
     """Matrix mechanism: strategy A given or selected from W^T W, least-squares (or NNLS) inference (seed 003)."""
 
     short_name: ClassVar[str] = "matrix"
+    #: The strategy selected when none is given (the presets below differ only in it).
+    default_strategy: ClassVar[str] = "eigen"
 
     def __init__(
         self,
-        strategy: Any = "eigen",
+        strategy: Any = None,
         solver: str = "auto",
         inference: str = "ls",
         factor: str = "auto",
@@ -175,6 +177,7 @@ class MatrixMechanism(Mechanism):
         objective: str = "sum",
         targets: Any = None,
     ) -> None:
+        strategy = self.default_strategy if strategy is None else strategy
         check_choice(objective, OBJECTIVES, f"{self.short_name}: objective")
         if objective == "max" and strategy != "optimal":
             raise ValueError(f"{self.short_name}: objective='max' applies to the convex optimum (mm-optimal) only")
@@ -280,7 +283,10 @@ class MatrixMechanism(Mechanism):
         result, solver_name, what = self._run_solver(G, workload)
         status, message = solver_status(result, self.short_name, self.on_unconverged)
         X = np.zeros_like(G_full)
-        Xk = self._gram_from_result(result, G, what)
+        try:
+            Xk = result.gram(G.shape[0], what)
+        except ValueError as e:
+            raise MechanismError(f"{self.short_name}: {e}") from None
         completed = False
         if self.complete:
             Xk, completed = complete_gram(Xk, G, self.factor, privacy)
@@ -401,23 +407,6 @@ class MatrixMechanism(Mechanism):
         )
         return out, f"cvxpy:{res.solver}"
 
-    def _gram_from_result(self, result: SolverResult, G: np.ndarray, what: str) -> np.ndarray:
-        """Strategy Gram X (n x n) from a solver result whose x is `what` (see _HAND_SOLVERS)."""
-        x = np.asarray(result.x, dtype=float)
-        n = G.shape[0]
-        if not np.all(np.isfinite(x)):
-            raise MechanismError(f"{self.short_name}: solver returned non-finite values")
-        if what == "gram" and x.shape == (n, n):
-            return (x + x.T) / 2
-        if what == "strategy" and x.ndim == 2 and x.shape[1] == n:
-            return x.T @ x
-        if what == "weights" and x.shape == (n,) and "eigenvectors" in result.extra:
-            P = np.asarray(result.extra["eigenvectors"], dtype=float)
-            return (P * np.clip(x, 0.0, None)) @ P.T
-        raise MechanismError(
-            f"{self.short_name}: solver returned x of shape {x.shape}; expected {what} for {n} cells"
-        )
-
     # -- answering ---------------------------------------------------------------------------------
     def answer(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Noisy answers to every workload query (m,): least squares W A^+ y, or W x_hat with NNLS x_hat >= 0.
@@ -466,27 +455,18 @@ class EigenDesignMechanism(MatrixMechanism):
     """Matrix mechanism with the eigen-design strategy (seed 003; seed 004 Table 2's last column)."""
 
     short_name: ClassVar[str] = "eigen"
-
-    def __init__(self, **params: Any) -> None:
-        params.setdefault("strategy", "eigen")
-        super().__init__(**params)
+    default_strategy: ClassVar[str] = "eigen"
 
 
 class ConvexOptimumMechanism(MatrixMechanism):
     """Matrix mechanism with the (eps, delta) convex optimum (seed 002): min trace(W^T W X^-1), diag(X) <= 1."""
 
     short_name: ClassVar[str] = "mm-optimal"
-
-    def __init__(self, **params: Any) -> None:
-        params.setdefault("strategy", "optimal")
-        super().__init__(**params)
+    default_strategy: ClassVar[str] = "optimal"
 
 
 class AppendixBMechanism(MatrixMechanism):
     """Matrix mechanism by the LRM paper's Appendix B solver (seed 000: smoothed max-diagonal, projected gradient)."""
 
     short_name: ClassVar[str] = "mm-appendix-b"
-
-    def __init__(self, **params: Any) -> None:
-        params.setdefault("strategy", "appendix-b")
-        super().__init__(**params)
+    default_strategy: ClassVar[str] = "appendix-b"

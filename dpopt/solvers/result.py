@@ -63,6 +63,21 @@ class SolverResult:
         """True only when the solver met its stopping rule (never at an iteration or time cap)."""
         return self.status == CONVERGED
 
+    def gram(self, n: int, what: str) -> np.ndarray:
+        """Strategy Gram X (n x n) from x as `what`: "gram" X, "strategy" rows A (X = A^T A) or eigen-design
+        "weights" u (X = P diag(u) P^T, P = extra["eigenvectors"]); ValueError for any other x."""
+        x = np.asarray(self.x, dtype=float)
+        if not np.all(np.isfinite(x)):
+            raise ValueError("solver returned non-finite values")
+        if what == "gram" and x.shape == (n, n):
+            return (x + x.T) / 2
+        if what == "strategy" and x.ndim == 2 and x.shape[1] == n:
+            return x.T @ x
+        if what == "weights" and x.shape == (n,) and "eigenvectors" in self.extra:
+            P = np.asarray(self.extra["eigenvectors"], dtype=float)
+            return (P * np.clip(x, 0.0, None)) @ P.T
+        raise ValueError(f"solver returned x of shape {x.shape}; expected {what} for {n} cells")
+
     def summary(self) -> dict[str, Any]:
         """Scalar fields as a flat dict (for DataFrames and JSON)."""
         return {
