@@ -52,6 +52,7 @@ import numpy as np
 import pandas as pd
 
 from dpopt.privacy import DEFAULT_CALIBRATION
+from dpopt.validation import check_time_limit
 
 if TYPE_CHECKING:
     from dpopt.marginal_strategy import MarginalStrategy, TableFn
@@ -193,28 +194,20 @@ class Task:
             "task_hash": self.task_hash,
             "template": self.template or self.workload,
             "workload_spec": self.workload,
+            **dict(self.sizes),
+            "mechanism": self.mechanism,
+            "solver": self.solver if self.solver is not None else "default",
+            "params": _canonical(dict(self.params)) if self.params else "",
+            **{f"param_{k}": v for k, v in self.params},
+            "epsilon": self.epsilon,
+            "delta": self.delta,
+            "calibration": self.calibration,
+            "repetition": self.repetition,
+            "seed": self.seed,
+            "data": self.data or "",
+            "monte_carlo_trials": self.monte_carlo_trials,
+            "shared_fit": self.shared_fit,
         }
-        out.update(dict(self.sizes))
-        out.update(
-            {
-                "mechanism": self.mechanism,
-                "solver": self.solver if self.solver is not None else "default",
-                "params": _canonical(dict(self.params)) if self.params else "",
-            }
-        )
-        out.update({f"param_{k}": v for k, v in self.params})
-        out.update(
-            {
-                "epsilon": self.epsilon,
-                "delta": self.delta,
-                "calibration": self.calibration,
-                "repetition": self.repetition,
-                "seed": self.seed,
-                "data": self.data or "",
-                "monte_carlo_trials": self.monte_carlo_trials,
-                "shared_fit": self.shared_fit,
-            }
-        )
         if self.time_limit is not None:
             out["time_limit"] = self.time_limit
         return out
@@ -266,9 +259,10 @@ def _time_limit(value: Any) -> float | None:
     """A config's time_limit: seconds > 0 per fit, or absent / "none" for no limit."""
     if value is None or (isinstance(value, str) and value.strip().lower() == "none"):
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise SweepError(f"'time_limit' must be seconds > 0 or \"none\", got {value!r}")
-    return float(value)
+    try:
+        return check_time_limit(value)
+    except ValueError:
+        raise SweepError(f"'time_limit' must be seconds > 0 or \"none\", got {value!r}") from None
 
 
 @dataclass
