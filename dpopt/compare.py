@@ -28,6 +28,7 @@ from dpopt.mechanisms.registry import (
     by_cost,
     make_mechanism,
 )
+from dpopt.plotting import saved_figure
 from dpopt.privacy import Privacy
 from dpopt.strategy import StrategyError
 from dpopt.validation import check_time_limit
@@ -542,28 +543,19 @@ def check_plot_path(path: str) -> None:
 
 def plot_comparison(df: pd.DataFrame, path: str) -> None:
     """Bar chart of expected total error per mechanism (log scale) with the lower bound as a line."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     ok = df[df["expected_total_error"].notna()]
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    ax.bar(ok["mechanism"], ok["expected_total_error"], color="tab:blue")
-    bound = ok["bound"].dropna()
-    if len(bound):
-        ax.axhline(float(bound.iloc[0]), color="tab:red", linestyle="--", label="lower bound")
-        ax.legend()
-    ax.set_yscale("log")
-    ax.set_ylabel("expected total squared error")
-    ax.set_title(str(df["workload"].iloc[0]) if "workload" in df else "")
-    fig.tight_layout()
     try:
-        fig.savefig(path, dpi=120)
+        with saved_figure(path, figsize=(7, 3.5), dpi=120) as (_, ax):
+            ax.bar(ok["mechanism"], ok["expected_total_error"], color="tab:blue")
+            bound = ok["bound"].dropna()
+            if len(bound):
+                ax.axhline(float(bound.iloc[0]), color="tab:red", linestyle="--", label="lower bound")
+                ax.legend()
+            ax.set_yscale("log")
+            ax.set_ylabel("expected total squared error")
+            ax.set_title(str(df["workload"].iloc[0]) if "workload" in df else "")
     except OSError as exc:
         raise ValueError(f"cannot write plot {path}: {exc.strerror or exc}") from None
-    finally:
-        plt.close(fig)
 
 
 def main_compare(workload: Workload, privacy: Privacy, mechanisms: Sequence[str] | None,

@@ -37,6 +37,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from dpopt.plotting import saved_figure
+
 CONVEX_RTOL = 1e-4
 NONCONVEX_WORSE = 0.01
 # Conic solver tolerance for the reference models.
@@ -410,32 +412,24 @@ def format_crossval(df: pd.DataFrame, fmt: str = "table") -> str:
 
 def plot_crossval(df: pd.DataFrame, path: str) -> None:
     """Two panels: wall time of both sides and |relative difference| per instance, for every pair."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     ok = df.dropna(subset=["rel_diff"]) if "rel_diff" in df else df.iloc[0:0]
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.6))
-    for (pair, solver), g in ok.groupby(["pair", "conic_solver"]):
-        g = g.sort_values("n")
-        a1.plot(g["n"], g["ref_seconds"], "o--", label=f"{pair}: {solver}")
-        a2.plot(g["n"], g["rel_diff"].abs().clip(lower=1e-16), "o-", label=f"{pair} vs {solver}")
-    for pair, g in ok.groupby("pair"):
-        g = g.drop_duplicates("instance").sort_values("n")
-        a1.plot(g["n"], g["hand_seconds"], "s-", label=f"{pair}: hand-written")
-    a1.set_yscale("log")
-    a1.set_xlabel("n (cells)")
-    a1.set_ylabel("wall seconds")
-    a1.legend(fontsize=6)
-    a2.set_yscale("log")
-    a2.axhline(CONVEX_RTOL, color="r", lw=0.8, ls=":", label="convex tolerance")
-    a2.set_xlabel("n (cells)")
-    a2.set_ylabel("|relative difference|")
-    a2.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with saved_figure(path, 1, 2, figsize=(10, 3.6)) as (_, (a1, a2)):
+        for (pair, solver), g in ok.groupby(["pair", "conic_solver"]):
+            g = g.sort_values("n")
+            a1.plot(g["n"], g["ref_seconds"], "o--", label=f"{pair}: {solver}")
+            a2.plot(g["n"], g["rel_diff"].abs().clip(lower=1e-16), "o-", label=f"{pair} vs {solver}")
+        for pair, g in ok.groupby("pair"):
+            g = g.drop_duplicates("instance").sort_values("n")
+            a1.plot(g["n"], g["hand_seconds"], "s-", label=f"{pair}: hand-written")
+        a1.set_yscale("log")
+        a1.set_xlabel("n (cells)")
+        a1.set_ylabel("wall seconds")
+        a1.legend(fontsize=6)
+        a2.set_yscale("log")
+        a2.axhline(CONVEX_RTOL, color="r", lw=0.8, ls=":", label="convex tolerance")
+        a2.set_xlabel("n (cells)")
+        a2.set_ylabel("|relative difference|")
+        a2.legend(fontsize=6)
 
 
 def main_crossval(quick: bool = False, pairs: Sequence[str] | None = None, solvers: Sequence[str] | None = None,

@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from dpopt.plotting import saved_figure
 from dpopt.privacy import DEFAULT_CALIBRATION
 from dpopt.validation import check_time_limit
 
@@ -796,30 +797,22 @@ def comparable(df: pd.DataFrame) -> pd.DataFrame:
 
 def plot_sweep(df: pd.DataFrame, path: str | os.PathLike[str], metric: str = "expected_total_error") -> None:
     """Grouped bars of the mean `metric` (over repetitions) per workload and mechanism, one panel per (eps, delta)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     if metric not in df:
         raise SweepError(f"no column {metric!r} in the sweep results (did every task fail?)")
     ok = df[~df["status"].astype(str).str.startswith(("skipped", "error", "unavailable"))]
     panels = list(ok.groupby(["epsilon", "delta"], sort=True))[:6]
-    fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(5.0 * max(1, len(panels)), 3.6), squeeze=False)
-    for ax, ((eps, delta), g) in zip(axes.ravel(), panels, strict=False):
-        t = g.groupby(["workload_name", "mechanism"])[metric].mean().unstack("mechanism")
-        xs = np.arange(len(t.index))
-        w = 0.8 / max(1, len(t.columns))
-        for i, mech in enumerate(t.columns):
-            ax.bar(xs + i * w - 0.4 + w / 2, t[mech].to_numpy(), width=w, label=str(mech))
-        ax.set_xticks(xs, [str(s) for s in t.index], rotation=30, ha="right", fontsize=7)
-        ax.set_yscale("log")
-        ax.set_title(f"eps={eps:g}, delta={delta:g}", fontsize=9)
-        ax.set_ylabel(metric.replace("_", " "), fontsize=8)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with saved_figure(path, 1, max(1, len(panels)), figsize=(5.0 * max(1, len(panels)), 3.6), squeeze=False) as (_, axes):
+        for ax, ((eps, delta), g) in zip(axes.ravel(), panels, strict=False):
+            t = g.groupby(["workload_name", "mechanism"])[metric].mean().unstack("mechanism")
+            xs = np.arange(len(t.index))
+            w = 0.8 / max(1, len(t.columns))
+            for i, mech in enumerate(t.columns):
+                ax.bar(xs + i * w - 0.4 + w / 2, t[mech].to_numpy(), width=w, label=str(mech))
+            ax.set_xticks(xs, [str(s) for s in t.index], rotation=30, ha="right", fontsize=7)
+            ax.set_yscale("log")
+            ax.set_title(f"eps={eps:g}, delta={delta:g}", fontsize=9)
+            ax.set_ylabel(metric.replace("_", " "), fontsize=8)
+            ax.legend(fontsize=7)
 
 
 def research_answers(

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from dpopt.plotting import saved_figure
 from dpopt.reproduce.experiment import Experiment
 
 FAILED_PREFIXES = ("skipped", "error", "unavailable")
@@ -48,36 +49,28 @@ def pivot(summary: pd.DataFrame, column: str = "value") -> pd.DataFrame:
 
 def plot_figure(exp: Experiment, summary: pd.DataFrame, path: Path, column: str = "value") -> None:
     """One subplot per (panel, eps), one line per mechanism, log-scale y."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     groups = list(summary.groupby(["panel", "epsilon"], sort=True))
     k = max(1, len(groups))
     cols = min(3, k)
     rows = math.ceil(k / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.3 * rows), squeeze=False)
-    for ax, ((panel, eps), g) in zip(axes.ravel(), groups, strict=False):
-        for mech, gm in g.groupby("mechanism", sort=True):
-            gm = gm.sort_values("x")
-            if gm[column].notna().any():
-                ax.plot(gm["x"], gm[column], marker="o", label=mech)
-        ax.set_yscale("log")
-        if exp.logx:
-            ax.set_xscale("log")
-        xs = sorted(set(g["x"]))
-        ax.set_xticks(xs, [f"{v:g}" for v in xs], fontsize=7)
-        ax.minorticks_off()
-        ax.set_title(f"{panel}, eps={eps:g}" if eps > 0 else str(panel), fontsize=9)  # eps 0: eps is the x axis
-        ax.set_xlabel(exp.xlabel)
-        ax.set_ylabel(exp.ylabel if column == "value" else "fit time (s)", fontsize=8)
-        ax.legend(fontsize=7)
-    for ax in axes.ravel()[k:]:
-        ax.set_visible(False)
-    fig.suptitle(f"{exp.title} ({exp.source})", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with saved_figure(path, rows, cols, figsize=(4.2 * cols, 3.3 * rows), squeeze=False) as (fig, axes):
+        for ax, ((panel, eps), g) in zip(axes.ravel(), groups, strict=False):
+            for mech, gm in g.groupby("mechanism", sort=True):
+                gm = gm.sort_values("x")
+                if gm[column].notna().any():
+                    ax.plot(gm["x"], gm[column], marker="o", label=mech)
+            ax.set_yscale("log")
+            if exp.logx:
+                ax.set_xscale("log")
+            xs = sorted(set(g["x"]))
+            ax.set_xticks(xs, [f"{v:g}" for v in xs], fontsize=7)
+            ax.minorticks_off()
+            ax.set_title(f"{panel}, eps={eps:g}" if eps > 0 else str(panel), fontsize=9)  # eps 0: eps is the x axis
+            ax.set_xlabel(exp.xlabel)
+            ax.set_ylabel(exp.ylabel if column == "value" else "fit time (s)", fontsize=8)
+            ax.legend(fontsize=7)
+        for ax in axes.ravel()[k:]:
+            ax.set_visible(False)
+        fig.suptitle(f"{exp.title} ({exp.source})", fontsize=10)
 
 

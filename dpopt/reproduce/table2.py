@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from dpopt.plotting import saved_figure
 from dpopt.reproduce.experiment import Experiment, Point
 from dpopt.reproduce.summary import usable
 
@@ -112,28 +113,20 @@ def table2_compare(summary: pd.DataFrame) -> list[tuple[bool, str]]:
 
 def table2_plot(df: pd.DataFrame, summary: pd.DataFrame, path: Path) -> None:
     """Grouped bars: our ratio and the paper's for every workload and strategy."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(summary), figsize=(3.3 * max(1, len(summary)), 3.2), squeeze=False)
-    xs = np.arange(len(TABLE2_STRATEGIES))
-    for ax, (_, row) in zip(axes.ravel(), summary.iterrows(), strict=False):
-        ours = [row[s] for s in TABLE2_STRATEGIES]
-        paper = [row[f"paper_{s}"] for s in TABLE2_STRATEGIES]
-        ax.bar(xs - 0.2, ours, width=0.4, label="dpopt")
-        ax.bar(xs + 0.2, paper, width=0.4, label="paper")
-        ax.set_xticks(xs, [s[:5] for s in TABLE2_STRATEGIES], fontsize=8)
-        ax.set_yscale("log")
-        ax.axhline(1.0, color="k", lw=0.6)
-        ax.set_title(row["workload"], fontsize=9)
-        ax.set_ylabel("error / (P SVDB)", fontsize=8)
-        ax.legend(fontsize=7)
-    fig.suptitle("Li & Miklau Table 2: error ratio to the SVD bound", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with saved_figure(path, 1, len(summary), figsize=(3.3 * max(1, len(summary)), 3.2), squeeze=False) as (fig, axes):
+        xs = np.arange(len(TABLE2_STRATEGIES))
+        for ax, (_, row) in zip(axes.ravel(), summary.iterrows(), strict=False):
+            ours = [row[s] for s in TABLE2_STRATEGIES]
+            paper = [row[f"paper_{s}"] for s in TABLE2_STRATEGIES]
+            ax.bar(xs - 0.2, ours, width=0.4, label="dpopt")
+            ax.bar(xs + 0.2, paper, width=0.4, label="paper")
+            ax.set_xticks(xs, [s[:5] for s in TABLE2_STRATEGIES], fontsize=8)
+            ax.set_yscale("log")
+            ax.axhline(1.0, color="k", lw=0.6)
+            ax.set_title(row["workload"], fontsize=9)
+            ax.set_ylabel("error / (P SVDB)", fontsize=8)
+            ax.legend(fontsize=7)
+        fig.suptitle("Li & Miklau Table 2: error ratio to the SVD bound", fontsize=10)
 
 
 def make_table2(rows: Sequence[str] | None = None) -> Experiment:
