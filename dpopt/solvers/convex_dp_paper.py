@@ -30,6 +30,7 @@ import scipy.linalg
 
 from dpopt.solvers.convex_dp import convex_dp_dual_bound
 from dpopt.solvers.result import CONVERGED, MAX_ITER, SolverResult, relative_gap
+from dpopt.validation import check_gram
 
 # Constants of the seed's program (section 4).
 MAXITER = 30
@@ -81,19 +82,12 @@ def solve_convex_dp_paper(
     extra: "fun_regularised" (the program's fcurr), "history" (fcurr per iteration, as the program's
     `histroy`), "cg_steps" and "ls_steps" per iteration, "A" = upper Cholesky factor of X (A^T A = X).
     """
-    G = np.asarray(G, dtype=float)
-    if G.ndim != 2 or G.shape[0] != G.shape[1] or G.shape[0] < 1:
-        raise ValueError(f"G must be a square (n, n) matrix with n >= 1; got shape {G.shape}")
-    if not np.isfinite(G).all():
-        raise ValueError("G must contain only finite values (found NaN or inf)")
-    if not np.allclose(G, G.T, rtol=1e-10, atol=1e-12 * max(1.0, float(np.abs(G).max()))):
-        raise ValueError("G must be symmetric (W^T W)")
+    G = check_gram(G)  # symmetrised
     if int(max_iter) < 1:
         raise ValueError(f"max_iter must be >= 1; got {max_iter!r}")
     if not (np.isfinite(theta) and theta > 0 and np.isfinite(accuracy) and accuracy > 0):
         raise ValueError(f"theta and accuracy must be positive finite numbers; got {theta!r}, {accuracy!r}")
     t_wall, t_cpu = time.perf_counter(), time.process_time()
-    G = (G + G.T) / 2.0
     n = G.shape[0]
     diagidx = np.diag_indices(n)
     I = np.eye(n)
