@@ -32,11 +32,6 @@ class Model:
     build_seconds: float = 0.0
     data: dict[str, Any] = field(default_factory=dict)
 
-    @property
-    def bound_only(self) -> bool:
-        """True when the model's value is a bound and no strategy can be read off its solution."""
-        return self.recover is None
-
     def value(self, name: str) -> Any:
         """Value of the named variable after a solve (raises if the model has not been solved)."""
         v = self.variables[name].value
