@@ -431,11 +431,6 @@ class Domain:
                 return a
         raise ValueError(f"unknown attribute {name!r}; the domain has {list(self.names)}")
 
-    def axis(self, name: str) -> int:
-        """Position of attribute ``name`` in the domain (its axis in ``shape``)."""
-        self.attribute(name)
-        return self.names.index(name)
-
     def project(self, names: Sequence[str]) -> Domain:
         """Sub-domain on the given attributes, kept in this domain's order."""
         wanted = list(names)
