@@ -67,27 +67,6 @@ def _attr(domain: Domain, name: str) -> Attribute:
     return domain.attribute(name)
 
 
-class Equals(Condition):
-    """attribute == value."""
-
-    def __init__(self, attribute: str, value: Any) -> None:
-        self.attribute = attribute
-        self.value = value
-
-    def masks(self, domain: Domain) -> dict[str, np.ndarray]:
-        a = _attr(domain, self.attribute)
-        m = np.zeros(a.size, dtype=bool)
-        m[a.code_of(self.value)] = True
-        return {a.name: m}
-
-    def label(self, domain: Domain) -> str:
-        a = _attr(domain, self.attribute)
-        return f"{a.name}={a.label(a.code_of(self.value))}"
-
-    def __repr__(self) -> str:
-        return f"Equals({self.attribute!r}, {self.value!r})"
-
-
 class In(Condition):
     """attribute in {values} (a non-empty set of levels)."""
 
@@ -116,6 +95,16 @@ class In(Condition):
 
     def __repr__(self) -> str:
         return f"In({self.attribute!r}, {self.values!r})"
+
+
+class Equals(In):
+    """attribute == value (In with one value, whose label In already prints as "a=v")."""
+
+    def __init__(self, attribute: str, value: Any) -> None:
+        super().__init__(attribute, [value])
+
+    def __repr__(self) -> str:
+        return f"Equals({self.attribute!r}, {self.values[0]!r})"
 
 
 class Between(Condition):
