@@ -14,7 +14,7 @@ import scipy.sparse as sp
 
 from dpopt.strategy import Strategy
 from dpopt.validation import check_positive_int
-from dpopt.workloads import Kron, Workload, WorkloadTooLargeError, as_workload
+from dpopt.workloads import Kron, Workload, WorkloadTooLargeError, _range_rows, as_workload
 
 
 def identity_strategy(n: int) -> Strategy:
@@ -61,10 +61,8 @@ def hierarchical_strategy(n: int, branching: int = 2) -> Strategy:
         nodes.extend(frontier)
         frontier = [c for lo, hi in frontier if hi - lo > 1 for c in _tree_splits(lo, hi, b)]
     starts = np.array([lo for lo, _ in nodes])
-    lengths = np.array([hi - lo for lo, hi in nodes])
-    rows = np.repeat(np.arange(len(nodes)), lengths)
-    cols = np.repeat(starts, lengths) + (np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths))
-    A = sp.csr_matrix((np.ones(len(rows)), (rows, cols)), shape=(len(nodes), n))
+    ends = np.array([hi - 1 for _, hi in nodes])
+    A = _range_rows(n, starts, ends)
     return Strategy(A, name=f"hierarchical(b={b})")
 
 
