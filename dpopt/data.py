@@ -63,7 +63,7 @@ class Attribute:
     @property
     def size(self) -> int:
         """Number of codes, including the catch-all level if declared."""
-        return len(self.levels) + (self.other is not None)
+        return self.n_regular + (self.other is not None)
 
     @property
     def n_regular(self) -> int:
@@ -130,6 +130,14 @@ class Attribute:
         """JSON-friendly description (kind, levels, other)."""
         raise NotImplementedError
 
+    def __eq__(self, other: object) -> bool:
+        """Same class, name and description (levels or bounds, order, catch-all label)."""
+        return (type(other) is type(self) and self.name == other.name
+                and self.describe() == other.describe())
+
+    def __hash__(self) -> int:
+        return hash((self.kind, self.name, self.size))
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r}, size={self.size})"
 
@@ -182,14 +190,6 @@ class Categorical(Attribute):
         return {"kind": self.kind, "levels": list(self._levels), "ordered": self.ordinal,
                 "other": self.other}
 
-    def __eq__(self, other: object) -> bool:
-        return (isinstance(other, Categorical) and self.name == other.name
-                and self._levels == other._levels and self.ordinal == other.ordinal
-                and self.other == other.other)
-
-    def __hash__(self) -> int:
-        return hash((self.kind, self.name, self._levels, self.other))
-
 
 class IntegerRange(Attribute):
     """Integers low..high inclusive (code = value - low); integer-valued floats are accepted."""
@@ -216,10 +216,6 @@ class IntegerRange(Attribute):
     def n_regular(self) -> int:
         return self.high - self.low + 1
 
-    @property
-    def size(self) -> int:
-        return self.n_regular + (self.other is not None)
-
     def value_of(self, code: int) -> Any:
         code = int(code)
         if 0 <= code < self.n_regular:
@@ -238,13 +234,6 @@ class IntegerRange(Attribute):
 
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "low": self.low, "high": self.high, "other": self.other}
-
-    def __eq__(self, other: object) -> bool:
-        return (isinstance(other, IntegerRange) and self.name == other.name
-                and self.low == other.low and self.high == other.high and self.other == other.other)
-
-    def __hash__(self) -> int:
-        return hash((self.kind, self.name, self.low, self.high, self.other))
 
 
 class NumericBins(Attribute):
@@ -311,13 +300,6 @@ class NumericBins(Attribute):
 
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "edges": [float(x) for x in self.edges], "other": self.other}
-
-    def __eq__(self, other: object) -> bool:
-        return (isinstance(other, NumericBins) and self.name == other.name
-                and np.array_equal(self.edges, other.edges) and self.other == other.other)
-
-    def __hash__(self) -> int:
-        return hash((self.kind, self.name, tuple(self.edges.tolist()), self.other))
 
 
 def _first_difference(a: Sequence[Any], b: Sequence[Any]) -> str:
