@@ -114,7 +114,7 @@ def check_gram(G: np.ndarray, *, name: str = "G", sym_rtol: float = 1e-10, allow
 
     Raises ValueError for a non-array shape, non-square, empty, NaN/inf, non-symmetric (beyond
     sym_rtol * max|G|), or all-zero input (unless allow_zero: a bound of the zero workload is 0); with
-    psd_rtol, also for an eigenvalue below -psd_rtol * max(1, max|G|) (`check_psd`).
+    psd_rtol, also for an eigenvalue below -psd_rtol * max|G| (`check_psd`; PSD is scale-free, so is the test).
     """
     try:
         G = np.asarray(G, dtype=float)
@@ -137,5 +137,5 @@ def check_gram(G: np.ndarray, *, name: str = "G", sym_rtol: float = 1e-10, allow
         )
     G = (G + G.T) / 2.0
     if psd_rtol is not None:
-        check_psd(np.linalg.eigvalsh(G), name, psd_rtol, max(1.0, scale))
+        check_psd(np.linalg.eigvalsh(G), name, psd_rtol, scale)
     return G

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dpopt.validation import check_choice, check_finite_matrix, check_psd
+from dpopt.validation import check_choice, check_finite_matrix, check_gram, check_psd
 from dpopt.workloads import Workload
 
 ZERO_COLUMN_POLICIES = ("error", "drop")
@@ -93,7 +93,7 @@ def gram_data(workload_or_gram: Workload | np.ndarray, *, zero_columns: str = "e
     _check_zero_columns_policy(zero_columns)
     if isinstance(workload_or_gram, Workload):
         name = workload_or_gram.name
-        G = check_finite_matrix(workload_or_gram.gram(), f"Gram matrix of workload {name}")
+        G = workload_or_gram.gram()
         log_scale = float(workload_or_gram.gram_log_scale)
     else:
         name = "gram"
@@ -104,11 +104,7 @@ def gram_data(workload_or_gram: Workload | np.ndarray, *, zero_columns: str = "e
                 f"expected a square Gram matrix W^T W (n x n), got shape {G.shape}; "
                 "to pass a query matrix W use dpopt.workloads.as_workload(W)"
             )
-    scale = max(float(np.abs(G).max()), np.finfo(float).tiny)
-    if not np.allclose(G, G.T, rtol=SYMMETRY_RTOL, atol=SYMMETRY_RTOL * scale):
-        raise ValueError(f"Gram matrix of {name} must be symmetric (W^T W); it is not")
-    G = (G + G.T) / 2
-    check_psd(np.linalg.eigvalsh(G), f"Gram matrix of {name}", PSD_RTOL, scale)
+    G = check_gram(G, name=f"Gram matrix of {name}", sym_rtol=SYMMETRY_RTOL, allow_zero=True, psd_rtol=PSD_RTOL)
     return _restrict(G, name, zero_columns, log_scale)
 
 
