@@ -14,7 +14,7 @@ import scipy.sparse as sp
 
 from dpopt.strategy import Strategy
 from dpopt.validation import check_positive_int
-from dpopt.workloads import Kron, Workload, WorkloadTooLargeError, _range_rows, as_workload
+from dpopt.workloads import Kron, Workload, WorkloadTooLargeError, as_workload, range_rows
 
 
 def identity_strategy(n: int) -> Strategy:
@@ -62,7 +62,7 @@ def hierarchical_strategy(n: int, branching: int = 2) -> Strategy:
         frontier = [c for lo, hi in frontier if hi - lo > 1 for c in _tree_splits(lo, hi, b)]
     starts = np.array([lo for lo, _ in nodes])
     ends = np.array([hi - 1 for _, hi in nodes])
-    A = _range_rows(n, starts, ends)
+    A = range_rows(n, starts, ends)
     return Strategy(A, name=f"hierarchical(b={b})")
 
 

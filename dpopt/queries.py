@@ -22,7 +22,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from dpopt.data import Attribute, Domain, NumericBins, _fmt_num
-from dpopt.workloads import ExplicitWorkload, Identity, Kron, Marginals, Stack, Workload
+from dpopt.workloads import ExplicitWorkload, Identity, Kron, Marginals, Stack, Workload, range_rows
 
 
 class DomainMismatchError(ValueError):
@@ -297,9 +297,7 @@ def range_workload(domain: Domain, attribute: str) -> Workload:
         )
     k = a.n_regular
     lo, hi = np.triu_indices(k)
-    rows = np.repeat(np.arange(lo.size), hi - lo + 1)
-    cols = np.concatenate([np.arange(i, j + 1) for i, j in zip(lo, hi, strict=True)])
-    R = sp.csr_matrix((np.ones(rows.size), (rows, cols)), shape=(lo.size, a.size))
+    R = range_rows(a.size, lo, hi)
     labels = [_range_label(a, int(i), int(j)) for i, j in zip(lo, hi, strict=True)]
     return _kron(domain, {a.name: _factor(a, R, f"ranges({a.name})")}, f"ranges({a.name})", labels)
 

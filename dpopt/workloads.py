@@ -293,7 +293,7 @@ class Prefix(_Family):
         return [f"[0,{i}]" for i in range(self._n)]
 
 
-def _range_rows(n: int, starts: np.ndarray, ends: np.ndarray) -> sp.csr_matrix:
+def range_rows(n: int, starts: np.ndarray, ends: np.ndarray) -> sp.csr_matrix:
     """Sparse 0/1 matrix whose row q covers cells starts[q]..ends[q] inclusive."""
     lengths = ends - starts + 1
     rows = np.repeat(np.arange(len(starts)), lengths)
@@ -324,7 +324,7 @@ class AllRange(_Family):
     def sparse(self) -> sp.csr_matrix:
         self._check_materialisable()
         i, j = self._bounds()
-        return _range_rows(self._n, i, j)
+        return range_rows(self._n, i, j)
 
     def matrix(self) -> np.ndarray:
         m, n = self.shape
@@ -360,7 +360,7 @@ class WidthK(Workload):
 
     def sparse(self) -> sp.csr_matrix:
         starts = np.arange(self._n - self._k + 1)
-        return _range_rows(self._n, starts, starts + self._k - 1)
+        return range_rows(self._n, starts, starts + self._k - 1)
 
     def row_labels(self) -> list[str]:
         return [f"[{s},{s + self._k - 1}]" for s in range(self._n - self._k + 1)]
@@ -383,7 +383,7 @@ class WRange(Workload):
         return (self._m, self._n)
 
     def sparse(self) -> sp.csr_matrix:
-        return _range_rows(self._n, self._starts, self._ends)
+        return range_rows(self._n, self._starts, self._ends)
 
     def row_labels(self) -> list[str]:
         return [f"[{a},{b}]" for a, b in zip(self._starts, self._ends, strict=True)]

@@ -95,7 +95,7 @@ from dpopt.solvers.result import (
     stop_rule,
 )
 from dpopt.validation import check_number, check_positive_number, check_time_limit
-from dpopt.workloads import AllRange, Prefix, Workload, _range_rows
+from dpopt.workloads import AllRange, Prefix, Workload, range_rows
 
 #: A step is accepted when the inner dual bound does not fall by more than this relative amount (the
 #: bound is computed from singular values to about this accuracy). Measured: a slack of the inner gap
@@ -470,7 +470,7 @@ def transposed_rows(rows: MatrixRows | RangeRows, c: np.ndarray) -> np.ndarray |
     docstring), else None."""
     if rows.m > _TRANSPOSE_MAX_RATIO * rows.n:
         return None
-    W = rows.W if isinstance(rows, MatrixRows) else _range_rows(rows.n, rows.lo, rows.hi - 1).toarray()
+    W = rows.W if isinstance(rows, MatrixRows) else range_rows(rows.n, rows.lo, rows.hi - 1).toarray()
     Wt = W / np.sqrt(c)[:, None]
     return Wt if row_space_basis(MatrixRows(Wt.T), np.ones(rows.n)) is None else None
 
