@@ -10,7 +10,13 @@ import pytest
 
 from dpopt.solvers.diag_dual_newton import pcg
 from dpopt.solvers.minimax import query_rows, solve_minimax
-from dpopt.solvers.minimax_newton import JointPoint, newton_ascent, newton_direction, newton_step
+from dpopt.solvers.minimax_newton import (
+    JointPoint,
+    _binding,
+    newton_ascent,
+    newton_direction,
+    newton_step,
+)
 from dpopt.workloads import AllRange, Prefix, WidthK, WRange
 
 EPS = np.finfo(float).eps
@@ -86,6 +92,21 @@ def test_jacobi_scaling_bounds_the_exact_diagonal() -> None:
     np.testing.assert_allclose(hd, exact_d, rtol=100 * cond * EPS)
     # AM-GM: 1 / (s_a + s_b) <= 1 / (2 sqrt(s_a s_b)), so the scaling is never below the exact diagonal.
     assert (hu >= exact_u * (1 - 100 * cond * EPS)).all()
+
+
+def test_a_small_weight_is_held_only_when_the_scaled_step_takes_it_to_zero() -> None:
+    # Weights 3 and 4 are below BINDING_RTOL (1e-2) times the largest and below the projected-gradient
+    # residual (weight 2's, 0.025), with gradients below the weighted mean lam = 1.007245.
+    v = np.array([0.5, 0.3, 0.1915, 0.0045, 0.004])
+    g = np.array([1.0, 1.0, 1.05, 0.5, 0.98])
+    lam = float(v @ g)
+    flat = np.ones(5)  # (lam - g) / h exceeds both small weights: both are held
+    assert _binding(v, g, flat).tolist() == [False, False, False, True, True]
+    # Curvature 10 times the one at which the scaled step v + (g - lam) / h just reaches zero for weight 4:
+    # the step only takes it to 0.9 v, so it stays free (weight 3's deficit of 0.51 still zeroes it).
+    steep = flat.copy()
+    steep[4] = 10.0 * (lam - g[4]) / v[4]
+    assert _binding(v, g, steep).tolist() == [False, False, False, True, False]
 
 
 def test_newton_direction_keeps_both_simplices_and_ascends() -> None:

@@ -21,7 +21,8 @@ gives the Hessian: for a direction (du, dd), with E = (P^T dA P - diag(s) P^{-1}
 a few O(n^2 k) products (`JointPoint.hess_vec`). Near the optimum, where exponentiated gradient
 (`solve_minimax`) converges at first order, Newton's method on the face of both simplices converges
 quadratically; the face is chosen as in Bertsekas' projected Newton method (SIAM J. Control Optim.
-20(2), 1982): a weight below an epsilon whose gradient points out of the face is set to zero.
+20(2), 1982): a weight below an epsilon whose gradient points out of the face, and which the diagonally
+scaled gradient step takes to zero, is set to zero (`_binding`).
 """
 
 from __future__ import annotations
@@ -181,14 +182,21 @@ def newton_ascent(
     return point, damping, trials
 
 
-def _binding(v: np.ndarray, grad: np.ndarray) -> np.ndarray:
-    """Weights held at zero: gradient below the weighted mean and weight below epsilon, where epsilon is
-    BINDING_RTOL * max(v) shrunk to the projected-gradient residual (Bertsekas' rule: near the optimum
-    only weights already near zero are held, so a small optimal weight is not zeroed)."""
+def _binding(v: np.ndarray, grad: np.ndarray, h: np.ndarray) -> np.ndarray:
+    """Weights held at zero: gradient below the weighted mean lam, weight below epsilon, and taken to zero by
+    the diagonally scaled step v + (grad - lam) / h (h: -Hess psi's diagonal, `hess_diag`).
+
+    epsilon is BINDING_RTOL * max(v) shrunk to the projected-gradient residual (Bertsekas' rule: near the
+    optimum only weights already near zero are held). The scaled-step test keeps a small weight whose gradient
+    is only slightly below lam free where psi is steeply curved in it: Width32's small optimal weights (about 1%
+    of the largest) were held away from their optimum and the upper bound stood still for four outer
+    iterations. Measured side by side (one BLAS thread, single runs, tol 1e-4): Width32(1024) 62 CPU s against
+    149 s without it; AllRange, Prefix, WRange and marginals at n <= 512 took the same inner solves.
+    """
     lam = float(v @ grad)
     top = float(v.max())
     residual = float(np.abs(v - np.maximum(v + (top / lam) * (grad - lam), 0.0)).max())
-    return (grad < lam) & (v < min(BINDING_RTOL * top, residual))
+    return (grad < lam) & (v < min(BINDING_RTOL * top, residual)) & (v * h <= lam - grad)
 
 
 def newton_direction(
@@ -201,9 +209,9 @@ def newton_direction(
     projected on that space) to relative residual eta, or until the deadline (`pcg`).
     """
     u, d = p.u, p.d
-    S, F = ~_binding(u, p.gu), ~_binding(d, p.gd)
-    nS = int(S.sum())
     hu, hd = p.hess_diag()
+    S, F = ~_binding(u, p.gu, hu), ~_binding(d, p.gd, hd)
+    nS = int(S.sum())
     h = 0.5 * np.concatenate([hu[S], hd[F]])
     h = np.maximum(h, np.finfo(float).eps * float(h.max()))
 
