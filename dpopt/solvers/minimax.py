@@ -131,9 +131,8 @@ _NEWTON_DAMPING = 1e-4
 _NEWTON_DAMPING_MAX = 1e2
 _NEWTON_FLOOR = 0.1
 #: The transposed form is used when it shrinks the inner Grams to m <= this fraction of n (8x cheaper
-#: eigendecompositions). Measured at tol 1e-4 on a shared machine, not side by side: Width32(1024) (m = n - 31)
-#: transposed stopped at a 4.6e-4 gap after 397 CPU s (one run, 600 s budget); as given it converges in 215 s
-#: (benchmarks/results/minimax.md, median of 3).
+#: eigendecompositions). Measured at tol 1e-4, one BLAS thread, on a shared machine: Width32(1024) (m = n - 31)
+#: transposed converges in 338 CPU s (one run); as given in 71 s (benchmarks/results/minimax.md, median of 3).
 _TRANSPOSE_MAX_RATIO = 0.5
 
 
