@@ -191,7 +191,8 @@ def _binding(v: np.ndarray, grad: np.ndarray, h: np.ndarray) -> np.ndarray:
     is only slightly below lam free where psi is steeply curved in it: Width32's small optimal weights (about 1%
     of the largest) were held away from their optimum and the upper bound stood still for four outer
     iterations. Measured side by side (one BLAS thread, single runs, tol 1e-4): Width32(1024) 62 CPU s against
-    149 s without it; AllRange, Prefix, WRange and marginals at n <= 512 took the same inner solves.
+    149 s without it; AllRange, Prefix and marginals at n <= 1024 took the same inner solves, WRange(16, 64)
+    24 against 33 (benchmarks/results/minimax.md).
     """
     lam = float(v @ grad)
     top = float(v.max())
