@@ -8,7 +8,7 @@ import textwrap
 from collections.abc import Sequence
 
 from dpopt.specs import SPEC_HELP, SpecError, parse_workload
-from dpopt.validation import check_time_limit
+from dpopt.validation import parse_time_limit
 
 
 class _Parser(argparse.ArgumentParser):
@@ -35,10 +35,8 @@ def add_privacy_flags(p: argparse.ArgumentParser, epsilon_help: str | None = Non
 
 def time_limit_arg(text: str) -> float | None:
     """--time-limit: seconds > 0, or 'none' for no limit."""
-    if text.strip().lower() in ("none", "inf"):
-        return None
     try:
-        return check_time_limit(float(text))
+        return parse_time_limit(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected seconds > 0 or 'none', got {text!r}") from None
 

@@ -53,7 +53,7 @@ import pandas as pd
 
 from dpopt.plotting import saved_figure
 from dpopt.privacy import DEFAULT_CALIBRATION
-from dpopt.validation import check_time_limit
+from dpopt.validation import parse_time_limit
 
 if TYPE_CHECKING:
     from dpopt.marginal_strategy import MarginalStrategy, TableFn
@@ -258,10 +258,8 @@ def _as_bool(v: Any, key: str) -> bool:
 
 def _time_limit(value: Any) -> float | None:
     """A config's time_limit: seconds > 0 per fit, or absent / "none" for no limit."""
-    if value is None or (isinstance(value, str) and value.strip().lower() == "none"):
-        return None
     try:
-        return check_time_limit(value)
+        return parse_time_limit(value)
     except ValueError:
         raise SweepError(f"'time_limit' must be seconds > 0 or \"none\", got {value!r}") from None
 

@@ -91,6 +91,13 @@ def check_time_limit(time_limit: object) -> float | None:
     return float(time_limit)
 
 
+def parse_time_limit(value: object) -> float | None:
+    """A time limit given as text or a number: None, 'none' or 'inf' for no limit, else `check_time_limit`'s seconds."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "inf")):
+        return None
+    return check_time_limit(float(value) if isinstance(value, str) else value)
+
+
 def as_generator(seed: int | np.random.Generator | None) -> np.random.Generator:
     """A numpy Generator from a seed, an existing Generator (used as is) or None (fresh entropy)."""
     if isinstance(seed, np.random.Generator):

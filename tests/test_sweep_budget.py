@@ -8,7 +8,7 @@ import json
 import pandas as pd
 import pytest
 
-from dpopt.cli import main
+from dpopt.cli import main, time_limit_arg
 from dpopt.experiments import SweepConfig, SweepError, Task, run_sweep
 
 
@@ -33,6 +33,13 @@ def test_time_limit_is_part_of_the_task_only_when_set() -> None:
 def test_config_time_limit_is_validated(bad: object) -> None:
     with pytest.raises(SweepError, match="time_limit"):
         SweepConfig.from_mapping({"workloads": ["prefix:8"], "mechanisms": ["identity"], "time_limit": bad})
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("none", None), ("INF", None), (" 7 ", 7.0)])
+def test_config_and_flag_read_the_same_time_limit_text(text: str, seconds: float | None) -> None:
+    cfg = SweepConfig.from_mapping({"workloads": ["prefix:8"], "mechanisms": ["identity"], "time_limit": text})
+    assert {t.time_limit for t in cfg.expand()} == {seconds}
+    assert time_limit_arg(text) == seconds
 
 
 def test_config_and_flag_set_every_task(tmp_path) -> None:
