@@ -35,6 +35,8 @@ def _check_fitness(n: int, target_std: float) -> None:
     assert smaller.max() > target_std
     # No strategy does: any X with diag(X) <= 1 has max_i Var_i / c_i >= the certified lower bound, so its
     # largest std at eps (1 - 1e-4) is at least the target times sqrt(dual_bound) sigma(eps') / sigma(eps).
+    # Margin: sigma(eps') / sigma(eps) - 1 is about 1e-4 (sigma ~ 1 / eps), against at most tol / 2 = 5e-7
+    # lost to the gap in sqrt(dual_bound) and 1e-10 to the eps search (EXACT above).
     least = analytic_gaussian_sigma(eps * BELOW, DELTA, 1.0) * math.sqrt(fit.result.dual_bound) * target_std
     assert least > target_std
 
