@@ -22,7 +22,8 @@ import pandas as pd
 import scipy.linalg as sla
 import scipy.sparse as sp
 
-from dpopt.privacy import Perturb, Privacy
+from dpopt.linalg import row_sq_norms
+from dpopt.privacy import Privacy
 from dpopt.strategy import Strategy
 from dpopt.validation import check_finite_vector
 from dpopt.workloads import Workload, _scaled, as_workload
@@ -55,29 +56,15 @@ class ErrorReport:
         return self.per_query_values
 
 
-def _row_sq_norms(B: np.ndarray | sp.spmatrix) -> np.ndarray:
-    """Squared L2 norm of every row of B (dense or sparse)."""
-    if sp.issparse(B):
-        return np.asarray(B.multiply(B).sum(axis=1)).ravel()
-    return np.einsum("ij,ij->i", B, B)
-
-
 def unit_error(strategy: Strategy, workload: Workload) -> float:
     """||B||_F^2 with B = W A^+ (via trace(G X^+), unscaled Gram) or the given B: error per unit noise variance."""
     if strategy.B is not None:
-        return float(_row_sq_norms(strategy.B).sum())
+        return float(row_sq_norms(strategy.B).sum())
     G = workload.gram()
     L = strategy._cholesky
     if L is not None:  # full column rank: X^+ = X^{-1} through the Cholesky factor
         return float(np.trace(sla.cho_solve((L, True), G)))
     return float(np.einsum("ij,ji->", G, strategy.gram_pinv()))
-
-
-def _ls_query_variances(strategy: Strategy, workload: Workload, var: float) -> np.ndarray:
-    """Seed 004 Prop. 3.3 per query: var * w_i^T (A^T A)^+ w_i for every row w_i of W (m,)."""
-    W = workload.sparse()
-    WXp = np.asarray(W @ strategy.gram_pinv())
-    return var * np.asarray(W.multiply(WXp).sum(axis=1)).ravel()
 
 
 def expected_error(
@@ -104,13 +91,8 @@ def expected_error(
     total = _scaled(var * unit, workload.gram_log_scale if strategy.B is None else 0.0)
     m = workload.m
     per_query_fn = None
-    if strategy.factored:
+    if strategy.factored or strategy.B is not None or workload.has_rows:  # the queries can be listed
         per_query_fn = lambda: var * strategy.query_unit_variances(workload)  # noqa: E731
-    elif strategy.B is not None:
-        B = strategy.B
-        per_query_fn = lambda: var * _row_sq_norms(B)  # noqa: E731
-    elif workload.has_rows:
-        per_query_fn = lambda: _ls_query_variances(strategy, workload, var)  # noqa: E731
     bias_sq = None
     if x is not None:
         x = check_finite_vector(x, "data vector x", workload.n)
@@ -155,14 +137,6 @@ def noisy_answers(
     z = privacy.sample_noise(sens, trials * r, rng).reshape(trials, r)
     y = np.asarray(strategy.A @ x)[None, :] + z
     return np.asarray((B @ y.T).T)
-
-
-def answers_through(
-    strategy: Strategy, B: np.ndarray | sp.spmatrix, x: np.ndarray, perturb: Perturb, sensitivity: float
-) -> np.ndarray:
-    """B perturb(A x): the answers of a dense or sparse strategy (m,), noise drawn by `perturb` (research or release)."""
-    y = perturb(np.asarray(strategy.A @ x, dtype=float).ravel(), sensitivity)
-    return np.asarray(B @ y, dtype=float).ravel()
 
 
 def monte_carlo_error(

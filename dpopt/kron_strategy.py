@@ -20,7 +20,7 @@ import scipy.sparse as sp
 
 from dpopt.data import Records, data_vector
 from dpopt.linalg import column_norm_powers, kron_matvec
-from dpopt.privacy import Perturb, Privacy, research_perturb
+from dpopt.privacy import Perturb, Privacy
 from dpopt.strategy import FactoredStrategy, Strategy, StrategyError
 from dpopt.validation import check_finite_matrix
 from dpopt.workloads import MAX_DENSE_ENTRIES, Kron, Workload, kron_form
@@ -185,13 +185,6 @@ class KronStrategy(FactoredStrategy):
             return np.array([scale * float(data.table(()))])
         t = data.table(keep).ravel()
         return scale * kron_matvec([self.factors[i] for i in keep], t)
-
-    def measure(self, x: np.ndarray | Records, privacy: Privacy, rng: np.random.Generator | None = None, *,
-                perturb: Perturb | None = None) -> np.ndarray:
-        """Noisy measurements y = A x + z (r,); z from `perturb` (default: research noise from rng)."""
-        if perturb is None:
-            perturb = research_perturb(privacy, rng)  # type: ignore[arg-type]
-        return perturb(self.measured(x), self.sensitivity(privacy.norm))
 
     @cached_property
     def _pinv_factors(self) -> list[np.ndarray]:

@@ -69,6 +69,13 @@ def column_norm_powers(M: Matrix, norm: int) -> np.ndarray:
     return np.asarray(M.multiply(M).sum(axis=0) if sp.issparse(M) else np.einsum("ij,ij->j", M, M), dtype=float).ravel()
 
 
+def row_sq_norms(M: Matrix) -> np.ndarray:
+    """Squared L2 norm of every row of M (dense or sparse)."""
+    if sp.issparse(M):
+        return np.asarray(M.multiply(M).sum(axis=1)).ravel()
+    return np.einsum("ij,ij->i", M, M)
+
+
 def kron_column_norms(col_norms: Sequence[np.ndarray]) -> np.ndarray:
     """Column norms of a Kronecker product from the factors' column norms: their Kronecker product (n,)."""
     out = np.ones(1)

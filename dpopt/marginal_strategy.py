@@ -193,8 +193,14 @@ class MarginalStrategy(FactoredStrategy):
         return np.array(out)
 
     # -- measuring and reconstructing ------------------------------------------------------------------
-    def measure(self, tables: TableFn, privacy: Privacy, rng: np.random.Generator | None = None, *,
+    def measure(self, x: np.ndarray | Records, privacy: Privacy, rng: np.random.Generator | None = None, *,
                 perturb: Perturb | None = None) -> dict[int, np.ndarray]:
+        """Noisy measurements per measured subset (`measure_tables`) from the data's marginal tables, counted
+        from Records or summed from x."""
+        return self.measure_tables(marginal_tables(x, self.domain_sizes), privacy, rng, perturb=perturb)
+
+    def measure_tables(self, tables: TableFn, privacy: Privacy, rng: np.random.Generator | None = None, *,
+                       perturb: Perturb | None = None) -> dict[int, np.ndarray]:
         """Noisy measurements per measured subset, from the data's marginal tables `tables(attrs)`.
 
         `tables(attrs)` returns the count table over the sorted attribute tuple attrs (shape (n_i for i in
@@ -265,7 +271,7 @@ class MarginalStrategy(FactoredStrategy):
         rng: np.random.Generator | None = None, *, perturb: Perturb | None = None,
     ) -> list[np.ndarray]:
         """Answers to every workload marginal from the data's marginal tables; noise as in `measure`."""
-        return self.reconstruct(self.measure(tables, privacy, rng, perturb=perturb), workload)
+        return self.reconstruct(self.measure_tables(tables, privacy, rng, perturb=perturb), workload)
 
     def answer(self, x: np.ndarray | Records, privacy: Privacy, rng: np.random.Generator | None = None,
                workload: Marginals | None = None, *, perturb: Perturb | None = None) -> np.ndarray:
@@ -274,7 +280,7 @@ class MarginalStrategy(FactoredStrategy):
         if workload is None:
             raise StrategyError(f"strategy {self.name}: answer needs the marginal workload it answers")
         self._check_domain(workload, Marginals)
-        out = self.answers_from_tables(marginal_tables(x, self.domain_sizes), workload, privacy, rng, perturb=perturb)
+        out = self.reconstruct(self.measure(x, privacy, rng, perturb=perturb), workload)
         return np.concatenate([wt * t.ravel() for wt, t in zip(workload.weights, out, strict=True)])
 
     def query_unit_variances(self, workload: Marginals) -> np.ndarray:

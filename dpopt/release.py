@@ -59,8 +59,7 @@ except ImportError:  # pragma: no cover - not POSIX
 import numpy as np
 import pandas as pd
 
-from dpopt.data import Domain, Records, data_vector
-from dpopt.error import _row_sq_norms, answers_through
+from dpopt.data import Domain, Records
 from dpopt.privacy import Perturb, Privacy
 from dpopt.queries import DomainMismatchError, check_domain
 from dpopt.validation import check_choice, check_finite_vector, check_number, check_positive_number
@@ -784,18 +783,18 @@ def release(
     if len(labels) != m:
         raise ValueError(f"labels has {len(labels)} entries but the workload has {m} queries")
     if hasattr(mechanism_fitted, "answers_with"):  # a dpopt mechanism, of any strategy form
-        mechanism_fitted.expected_error()  # raises StrategyError unless the strategy supports the workload
+        mechanism_fitted.expected_error()  # raises MechanismError unless the strategy supports the workload
         unit_var = np.asarray(mechanism_fitted.query_unit_variances(), dtype=float)
 
         def answer(p: Perturb) -> np.ndarray:
             return mechanism_fitted.answers_with(x, p)
     else:  # a bare fitted record (strategy_, privacy_, workload_) holding a dense Strategy
         strategy.check_supports(workload, getattr(mechanism_fitted, "support_rtol", 1e-8))
-        B = strategy.reconstruct(workload)
-        unit_var = _row_sq_norms(B)
+        unit_var = strategy.query_unit_variances(workload)
 
-        def answer(p: Perturb) -> np.ndarray:
-            return answers_through(strategy, B, data_vector(x, n), p, sens)
+        def answer(p: Perturb) -> np.ndarray:  # the strategy reads only the norm (1 when delta = 0) from it
+            return strategy.answer(x, Privacy(float(privacy.epsilon), float(privacy.delta)), None, workload,
+                                   perturb=p)
 
     noise, sens, scale, cost, meas = _noise_plan(strategy, privacy)
     name = getattr(mechanism_fitted, "short_name", type(mechanism_fitted).__name__)

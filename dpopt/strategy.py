@@ -15,13 +15,14 @@ import numpy as np
 import scipy.linalg as sla
 import scipy.sparse as sp
 
-from dpopt.linalg import column_norm_powers
+from dpopt.data import Records, data_vector
+from dpopt.linalg import column_norm_powers, row_sq_norms
+from dpopt.privacy import Perturb, Privacy, research_perturb
 from dpopt.validation import check_finite_matrix
 from dpopt.workloads import Workload, as_workload
 
 if TYPE_CHECKING:
     from dpopt.error import ErrorReport
-    from dpopt.privacy import Privacy
 
 # Relative tolerance below which an eigenvalue of A^T A counts as zero (rank decisions).
 RANK_RTOL = 1e-10
@@ -35,8 +36,8 @@ class Strategy:
     """Measured queries A (r x n) and optionally a reconstruction B (m x r): the one strategy type.
 
     This class holds A dense or sparse. The structured forms are its subclasses and share its interface
-    (shape, sensitivity, rank, supports / check_supports, expected_error, query_unit_variances; each adds an
-    `answer` through its factors, where a dense strategy answers by `dpopt.error.answers_through`):
+    (shape, sensitivity, rank, supports / check_supports, expected_error, query_unit_variances, measure and
+    answer; each computes them through its factors):
     `dpopt.kron_strategy.KronStrategy` (A = A_1 (x) ... (x) A_d), `dpopt.union_strategy.UnionKronStrategy`
     (a weighted stack of them) and `dpopt.marginal_strategy.MarginalStrategy` (the marginal algebra). Those
     set `factored` and never form A; asking one for its dense A raises StrategyError.
@@ -44,6 +45,8 @@ class Strategy:
 
     #: True for the structured forms, which compute everything through their factors.
     factored: ClassVar[bool] = False
+    #: (workload, B): the reconstruction of the last workload answered, kept for repeated answers.
+    _kept: tuple[Workload | None, np.ndarray | sp.spmatrix | None] = (None, None)
 
     def __init__(
         self,
@@ -249,10 +252,41 @@ class Strategy:
         return unit_error(self, as_workload(workload))
 
     def query_unit_variances(self, workload: Workload | np.ndarray) -> np.ndarray:
-        """Variance of each query's answer per unit noise variance: the squared row norms of B (m,)."""
-        from dpopt.error import _row_sq_norms
+        """Variance of each query's answer per unit noise variance (m,): the squared row norms of the given B,
+        or w_i^T (A^T A)^+ w_i for every row w_i of W under least squares (seed 004 Prop. 3.3 per query)."""
+        workload = as_workload(workload)
+        if self.B is not None:
+            return row_sq_norms(self.reconstruct(workload))
+        self._check_cells(workload)
+        W = workload.sparse()
+        return np.asarray(W.multiply(np.asarray(W @ self.gram_pinv())).sum(axis=1)).ravel()
 
-        return _row_sq_norms(self.reconstruct(workload))
+    # -- measuring and answering -------------------------------------------------------------------
+    def measured(self, data: np.ndarray | Records) -> np.ndarray:
+        """The exact measurements A x (r,) of a data vector or of Records over the strategy's cells."""
+        return np.asarray(self.A @ data_vector(data, self.shape[1]), dtype=float).ravel()
+
+    def measure(self, x: np.ndarray | Records, privacy: Privacy, rng: np.random.Generator | None = None, *,
+                perturb: Perturb | None = None) -> np.ndarray:
+        """Noisy measurements y = A x + z (r,); z from `perturb` (default: research noise from rng)."""
+        if perturb is None:
+            perturb = research_perturb(privacy, rng)  # type: ignore[arg-type]
+        return perturb(self.measured(x), self.sensitivity(privacy.norm))
+
+    def answer(
+        self, x: np.ndarray | Records, privacy: Privacy, rng: np.random.Generator | None = None,
+        workload: Workload | None = None, *, perturb: Perturb | None = None,
+    ) -> np.ndarray:
+        """B y for the workload's reconstruction B (`reconstruct`, kept for the last workload asked), or the
+        least-squares data estimate A^+ y when no workload is given; y and its noise as in `measure`."""
+        y = self.measure(x, privacy, rng, perturb=perturb)
+        if workload is None:
+            if self.B is not None:
+                raise StrategyError(f"strategy {self.name} answers through its B; give the workload it answers")
+            return self.pinv() @ y
+        if self._kept[0] is not workload:
+            self._kept = (workload, self.reconstruct(workload))
+        return np.asarray(self._kept[1] @ y, dtype=float).ravel()
 
     def __repr__(self) -> str:
         r, n = self.shape

@@ -131,7 +131,11 @@ def test_marginal_strategy_matches_dense(kind):
         return T.sum(axis=axes) if axes else T
 
     priv = Privacy(1.0, 1e-3)
-    y = S.measure(tables, priv, rng)
+    y = S.measure_tables(tables, priv, np.random.default_rng(11))
+    # measure(x) sums the same tables from x and draws the same noise from the same seed (sums of <= 24
+    # integer counts are exact in floating point)
+    y_x = S.measure(x, priv, np.random.default_rng(11))
+    assert y_x.keys() == y.keys() and all(np.array_equal(y_x[k], y[k]) for k in y)
     # same rows, noisy: each entry within 6 noise SDs (sigma_factor * sens2); P(any of < 100 beyond) < 2e-7
     np.testing.assert_allclose(_dense_y(S, y), D.A @ x, rtol=0, atol=6 * priv.sigma_factor * S.sens2)
     ours = np.concatenate([w * t.ravel() for w, t in zip(W.weights, S.reconstruct(y, W), strict=True)])

@@ -115,3 +115,28 @@ def test_rejects_bad_strategies():
         Strategy(np.zeros((2, 3)))
     with pytest.raises(ValueError, match="NaN or infinite"):
         Strategy(np.array([[np.inf, 1.0]]))
+
+
+def test_dense_answer_is_B_of_the_noisy_measurements_drawn_once():
+    # One draw z of r noise values: answer returns W A^+ (A x + z), the data estimate A^+ (A x + z) without a
+    # workload, and the per-query variances are the squared row norms of W A^+ (computed here from lstsq).
+    from dpopt.privacy import Privacy
+
+    W = Prefix(8)
+    s = hierarchical_strategy(8)
+    A = s.A.toarray()
+    x = np.arange(8.0)
+    priv = Privacy(1.0)
+    z = priv.sample_noise(s.sens1, A.shape[0], np.random.default_rng(3))
+    B = np.linalg.lstsq(A.T, W.matrix().T, rcond=None)[0].T  # W A^+ for A of full column rank
+    got = s.answer(x, priv, np.random.default_rng(3), W)
+    # B (A x + z) against the same draw; the scale is ||B||_inf * (|A x| + |z|), rounded relative 1e-12
+    scale = np.abs(B).sum(axis=1).max() * (np.abs(A @ x).max() + np.abs(z).max())
+    np.testing.assert_allclose(got, B @ (A @ x + z), rtol=0, atol=1e-12 * scale)
+    x_hat = s.answer(x, priv, np.random.default_rng(3))
+    np.testing.assert_allclose(x_hat, np.linalg.pinv(A) @ (A @ x + z), rtol=0, atol=1e-12 * scale)
+    # two routes (Cholesky inverse of A^T A, lstsq) on an A of condition number below 10: each is exact to
+    # about cond^2 * 1e-16, far inside 1e-10
+    np.testing.assert_allclose(s.query_unit_variances(W), (B**2).sum(axis=1), rtol=1e-10)
+    with pytest.raises(StrategyError, match="give the workload"):
+        Strategy(A, B=B).answer(x, priv, np.random.default_rng(3))

@@ -20,8 +20,8 @@ import numpy as np
 
 from dpopt.baselines import baseline_strategies
 from dpopt.bounds import svd_bound
-from dpopt.data import Records, data_vector
-from dpopt.error import ErrorReport, _row_sq_norms, answers_through, expected_error, noisy_answers
+from dpopt.data import Records
+from dpopt.error import ErrorReport, expected_error
 from dpopt.kron_strategy import KronStrategy
 from dpopt.privacy import Perturb, Privacy, research_perturb
 from dpopt.solvers.result import MIN_SOLVER_SECONDS, Selection
@@ -33,7 +33,6 @@ from dpopt.workloads import (
     Workload,
     WorkloadTooLargeError,
     as_workload,
-    kron_form,
 )
 
 # A baseline replaces the selected strategy only when its exact error is lower by more than this fraction:
@@ -372,7 +371,6 @@ class Mechanism(ABC):
         self.input_workload_ = given  # as given (e.g. bound to a data Domain, with row labels), for release
         self.privacy_ = privacy
         self.strategy_ = strategy  # type: ignore[assignment]
-        self._reconstruction = None  # B, computed on the first answer() and reused
         self.expected_error_ = err
         self.bound_ = lower_bound(view, privacy)
         self.fit_info_ = info
@@ -486,43 +484,27 @@ class Mechanism(ABC):
         if not isinstance(rng, np.random.Generator):
             raise MechanismError(f"{self.short_name}: rng must be a numpy.random.Generator (research mode)")
         x = check_finite_vector(x, "data vector x", self.workload_.n)
-        if self.strategy_.factored:
-            return self.answers_with(x, research_perturb(self.privacy_, rng))
-        return noisy_answers(self.strategy_, self.workload_, self.privacy_, x, rng, 1, B=self._B())[0]
-
-    def _B(self) -> Any:
-        """The reconstruction B (given, or W A^+), computed on first use and kept."""
-        if getattr(self, "_reconstruction", None) is None:
-            self._reconstruction = self.strategy_.reconstruct(self.workload_)
-        return self._reconstruction
+        return self.answers_with(x, research_perturb(self.privacy_, rng))
 
     def answers_with(self, x: np.ndarray | Records, perturb: Perturb) -> np.ndarray:
-        """Answers to every workload query (m,): B perturb(A x), the noise drawn by `perturb` (release mode)."""
+        """Answers to every workload query (m,): B perturb(A x) through the strategy's own form (dense, Kronecker
+        or marginal tables, from records or x), the noise drawn by `perturb` (research or release mode)."""
         self._check_fitted()
-        if self.strategy_.factored:  # A x by Kronecker matvecs or marginal tables (from records or x), never a dense A
-            return self.strategy_.answer(x, self.privacy_, None, self.workload_, perturb=perturb)
-        x = data_vector(x, self.workload_.n)
-        return answers_through(self.strategy_, self._B(), x, perturb, self.strategy_.sensitivity(self.privacy_.norm))
+        return self.strategy_.answer(x, self.privacy_, None, self.workload_, perturb=perturb)
 
     def query_unit_variances(self) -> np.ndarray:
-        """Variance of each workload query's answer per unit noise variance (m,): squared row norms of B,
-        or through the factors for a factored strategy."""
+        """Variance of each workload query's answer per unit noise variance (m,), from the strategy."""
         self._check_fitted()
-        if self.strategy_.factored:
-            return self.strategy_.query_unit_variances(self.workload_)
-        return _row_sq_norms(self._B())
+        return self.strategy_.query_unit_variances(self.workload_)
 
     def expected_error(self, workload: Workload | np.ndarray | None = None) -> ErrorReport:
         """Exact expected error of the fitted strategy on `workload` (default: the fitted workload)."""
         self._check_fitted()
-        if self.strategy_.factored:
-            w: Workload = self.workload_ if workload is None else kron_form(workload)
-            try:
-                return self.strategy_.expected_error(w, self.privacy_)
-            except StrategyError as exc:
-                raise MechanismError(f"{self.short_name}: {exc}") from None
         w = self.workload_ if workload is None else as_workload(workload)
-        return expected_error(self.strategy_, w, self.privacy_, rtol=self.support_rtol)
+        try:
+            return self.strategy_.expected_error(w, self.privacy_, rtol=self.support_rtol)
+        except StrategyError as exc:
+            raise MechanismError(f"{self.short_name}: {exc}") from None
 
     def _comparison_bound(self) -> float:
         """The bound reported in comparison records: P * SVDB (the same for every mechanism)."""
