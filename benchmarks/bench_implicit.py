@@ -110,7 +110,8 @@ def case_table2(path: str) -> dict[str, Any]:
     )
     from dpopt.bounds import svd_bound
     from dpopt.error import unit_error
-    from dpopt.kron_strategy import KronStrategy
+    from dpopt.kron_strategy import KronMatrix
+    from dpopt.strategy import Strategy
     from dpopt.workloads import AllRange, Kron, all_range_nd
 
     makers = {"identity": identity_strategy, "hierarchical": hierarchical_strategy, "wavelet": wavelet_strategy}
@@ -121,7 +122,7 @@ def case_table2(path: str) -> dict[str, Any]:
             w = Kron([AllRange(64), AllRange(32)])
             b = w.svd_bound()
             for name, mk in makers.items():
-                S = KronStrategy([mk(64), mk(32)])
+                S = Strategy(KronMatrix([mk(64), mk(32)]))
                 res[name] = S.sens2**2 * S.unit_error(w) / b
         else:
             w = all_range_nd([64, 32])

@@ -52,12 +52,13 @@ import numpy as np
 import pandas as pd
 
 from dpopt.plotting import saved_figure
-from dpopt.privacy import DEFAULT_CALIBRATION
+from dpopt.privacy import DEFAULT_CALIBRATION, research_perturb
 from dpopt.validation import parse_time_limit
 
 if TYPE_CHECKING:
-    from dpopt.marginal_strategy import MarginalStrategy, TableFn
+    from dpopt.marginal_strategy import TableFn
     from dpopt.privacy import Privacy
+    from dpopt.strategy import Strategy
     from dpopt.workloads import Marginals
 
 # Random workload families that take `seed=`; a sweep injects the instance seed when none is given.
@@ -814,13 +815,14 @@ def plot_sweep(df: pd.DataFrame, path: str | os.PathLike[str], metric: str = "ex
 
 
 def research_answers(
-    strategy: MarginalStrategy, workload: Marginals, tables: TableFn, privacy: Privacy, rng: np.random.Generator,
+    strategy: Strategy, workload: Marginals, tables: TableFn, privacy: Privacy, rng: np.random.Generator,
 ) -> tuple[list[np.ndarray], dict[str, float]]:
     """Research mode: noisy answers to every workload marginal from the data's marginal tables, numpy noise from
     rng (no secure sampler, no budget accounting), and their realised total squared error against the truth,
     for checking the expected error on real tables. A release goes through `dpopt.release.release`."""
     t0 = time.perf_counter()
-    noisy = strategy.answers_from_tables(tables, workload, privacy, rng)
+    y = research_perturb(privacy, rng)(strategy.A.measured_tables(tables), strategy.sensitivity(privacy.norm))
+    noisy = strategy.A.reconstruct(strategy.A.blocks(y), workload)
     wall = time.perf_counter() - t0
     sq = 0.0
     for s, w, est in zip(workload.subsets, workload.weights, noisy, strict=True):

@@ -30,15 +30,15 @@ from typing import Any
 import numpy as np
 
 from dpopt.baselines import hierarchical_strategy, wavelet_strategy
-from dpopt.kron_strategy import SUPPORT_RTOL, KronStrategy
+from dpopt.kron_strategy import SUPPORT_RTOL, KronMatrix
 from dpopt.linalg import psd_pinv
 from dpopt.privacy import Privacy
 from dpopt.solvers.convex_dp import solve_convex_dp
 from dpopt.solvers.marginal_opt import optimize_marginals_laplace, residual_planner
 from dpopt.solvers.pidentity import optimize_pidentity, pidentity_matrix
 from dpopt.solvers.result import CONVERGED, MIN_SOLVER_SECONDS, TIME_LIMIT, Selection, SolverResult
-from dpopt.strategy import FactoredStrategy, Strategy
-from dpopt.union_strategy import UnionKronStrategy
+from dpopt.strategy import Strategy
+from dpopt.union_strategy import UnionKronMatrix
 from dpopt.workloads import (
     GramWorkload,
     Kron,
@@ -57,7 +57,7 @@ def _past(deadline: float | None) -> bool:
     return deadline is not None and time.perf_counter() >= deadline
 
 
-def selection_of(strategy: FactoredStrategy, workload: Workload, privacy: Privacy, *, solver: str, status: str,
+def selection_of(strategy: Strategy, workload: Workload, privacy: Privacy, *, solver: str, status: str,
                  iterations: int, t0: float, c0: float, unit_bound: tuple[float, str] | None = None,
                  extra: dict[str, Any] | None = None) -> Selection:
     """The selection of `strategy`: its exact error, P times the unit bound (the workload's own certified bound
@@ -236,7 +236,7 @@ def optimize_kron(
         mats.append(A)
         results.append(res)
         kept.append(k)
-    strat = KronStrategy(mats, name="kron-" + ("p-identity" if privacy.is_pure else "optimal"))
+    strat = Strategy(KronMatrix(mats), name="kron-" + ("p-identity" if privacy.is_pure else "optimal"))
     svdb = workload.svd_bound()
     if not privacy.is_pure and all(r.dual_bound is not None for r in results):
         unit_bound = math.prod(float(r.dual_bound) for r in results)  # type: ignore[arg-type]
@@ -292,7 +292,7 @@ def optimize_union_kron(
         if _past(deadline) and len(history) < sweeps:
             capped = True
             break
-    strat = KronStrategy([m for m in mats if m is not None], name="union-kron")
+    strat = Strategy(KronMatrix([m for m in mats if m is not None]), name="union-kron")
     return selection_of(
         strat, workload, privacy,
         solver="block coordinate descent (" + ("p-identity" if privacy.is_pure else "convex-dp") + ")",
@@ -317,20 +317,20 @@ def optimize_union_of_krons(
     parts, errs, iters, statuses = [], [], 0, []
     for wt, term in zip(workload.weights, workload.parts, strict=True):
         sel = optimize_kron(term, privacy, factor_solver=solve)
-        assert isinstance(sel.strategy, KronStrategy)
-        parts.append(sel.strategy)
+        assert isinstance(sel.strategy.A, KronMatrix)
+        parts.append(sel.strategy.A)
         errs.append(float(wt) ** 2 * sel.strategy.unit_error(term) * sel.strategy.sensitivity(privacy.norm) ** 2)
         iters += sel.iterations
         statuses.append(sel.status)
     e = np.array(errs)
     w = e ** (1.0 / 3.0) if privacy.is_pure else e**0.25
     w = w / (w.sum() if privacy.is_pure else math.sqrt(float(np.sum(w**2))))
-    strat = UnionKronStrategy(parts, w, list(range(len(parts))))
+    strat = Strategy(UnionKronMatrix(parts, w, list(range(len(parts)))), name="union-of-krons")
     return selection_of(
         strat, workload, privacy,
         solver="union of Kronecker parts (" + ("p-identity" if privacy.is_pure else "convex-dp") + ")",
         status=TIME_LIMIT if TIME_LIMIT in statuses else "converged", iterations=iters, t0=t0, c0=c0,
-        extra={"weights": w.tolist(), "sens_exact": strat.sens_exact},
+        extra={"weights": w.tolist(), "sens_exact": strat.A.sens_exact},
     )
 
 

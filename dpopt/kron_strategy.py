@@ -1,12 +1,9 @@
-"""Strategies in factored form: Kronecker products of 1-D strategies, and marginal-algebra strategies.
+"""Kronecker strategy matrices: A = A_1 (x) ... (x) A_d held by its factors (`KronMatrix`, a Strategy's A).
 
-Everything is computed through the factors:
-- KronStrategy A = A_1 (x) ... (x) A_d: column norms of a Kronecker product are products of the factors'
-  column norms (|a_{(i,k),(j,l)}| = |a_ij| |b_kl|), so sens1 and sens2 are exactly the products of the factors'
-  maxima. With X_i = A_i^T A_i, X^+ = (x)_i X_i^+ and a workload Gram sum_k a_k (x)_i G_ki,
-  ||W A^+||_F^2 = trace(W^T W X^+) = sum_k a_k prod_i trace(G_ki X_i^+).
-- MarginalStrategy: strategy Gram sum_A x_A Q_A (see `marginal_algebra`), measured either as residual
-  blocks (ResidualPlanner's bases) or as weighted marginal tables (HDMM's marginal template).
+Everything is computed through the factors: column norms of a Kronecker product are products of the factors'
+column norms (|a_{(i,k),(j,l)}| = |a_ij| |b_kl|), so sens1 and sens2 are exactly the products of the factors'
+maxima. With X_i = A_i^T A_i, X^+ = (x)_i X_i^+ and a workload Gram sum_k a_k (x)_i G_ki,
+||W A^+||_F^2 = trace(W^T W X^+) = sum_k a_k prod_i trace(G_ki X_i^+).
 """
 
 from __future__ import annotations
@@ -20,10 +17,9 @@ import scipy.sparse as sp
 
 from dpopt.data import Records, data_vector
 from dpopt.linalg import column_norm_powers, kron_matvec
-from dpopt.privacy import Perturb, Privacy
-from dpopt.strategy import FactoredStrategy, Strategy, StrategyError
+from dpopt.strategy import Strategy, StrategyError, StructuredMatrix
 from dpopt.validation import check_finite_matrix
-from dpopt.workloads import MAX_DENSE_ENTRIES, Kron, Workload, kron_form
+from dpopt.workloads import Kron, Workload, kron_form
 
 # Relative tolerance for "the strategy supports the workload" (relative Frobenius residual).
 SUPPORT_RTOL = 1e-8
@@ -50,14 +46,14 @@ def _terms(w: Workload) -> list[tuple[float, Kron]]:
     return [(1.0, w)] if isinstance(w, Kron) else [(float(wt), p) for wt, p in zip(w.weights, w.parts, strict=True)]  # type: ignore[attr-defined]
 
 
-class KronStrategy(FactoredStrategy):
+class KronMatrix(StructuredMatrix):
     """A = A_1 (x) ... (x) A_d with least-squares reconstruction B = W A^+ through the factors."""
 
-    def __init__(self, factors: Sequence[np.ndarray | sp.spmatrix | Strategy], name: str = "kron") -> None:
+    def __init__(self, factors: Sequence[np.ndarray | sp.spmatrix | Strategy]) -> None:
         """factors: matrices, or Strategy objects without B (least squares), or all with B = I: then the
         answers are the measurements themselves (noise on queries, A = W) and `direct` is True."""
         if len(factors) == 0:
-            raise ValueError("KronStrategy needs at least one factor")
+            raise ValueError("a Kronecker strategy needs at least one factor")
         mats = []
         direct = [isinstance(f, Strategy) and f.B is not None for f in factors]
         if any(direct) and not all(direct):
@@ -70,7 +66,6 @@ class KronStrategy(FactoredStrategy):
             mats.append(check_finite_matrix(f, f"factor {i}", keep_sparse=True))
         self.factors = mats
         self.domain_sizes = tuple(int(M.shape[1]) for M in mats)
-        self.name = name
         self.direct = all(direct)
 
     @property
@@ -83,22 +78,16 @@ class KronStrategy(FactoredStrategy):
         """rank(A) = prod_i rank(A_i)."""
         return math.prod(int(np.count_nonzero(lam)) for lam, _ in self._factor_eigs)
 
-    # -- sensitivity -----------------------------------------------------------------------------
-    @cached_property
-    def sens1(self) -> float:
-        """prod_i max column L1 norm of A_i (exact for a Kronecker product)."""
-        return math.prod(float(column_norm_powers(M, 1).max()) for M in self.factors)
-
-    @cached_property
-    def sens2(self) -> float:
-        """prod_i max column L2 norm of A_i (exact for a Kronecker product)."""
-        return math.sqrt(math.prod(float(column_norm_powers(M, 2).max()) for M in self.factors))
+    def sensitivity(self, norm: int) -> float:
+        """prod_i max column L1 (norm 1) or L2 (norm 2) norm of A_i (exact for a Kronecker product)."""
+        p = math.prod(float(column_norm_powers(M, norm).max()) for M in self.factors)
+        return p if norm == 1 else math.sqrt(p)
 
     # -- factor Grams ----------------------------------------------------------------------------
     @cached_property
     def _parts(self) -> list[Strategy]:
         """Each factor A_i as a dense Strategy: its Gram X_i, eigen-decomposition and pseudo-inverse."""
-        return [Strategy(M, name=f"{self.name}[{i}]") for i, M in enumerate(self.factors)]
+        return [Strategy(M, name=f"factor {i}") for i, M in enumerate(self.factors)]
 
     @property
     def factor_grams(self) -> list[np.ndarray]:
@@ -128,13 +117,14 @@ class KronStrategy(FactoredStrategy):
         if self.direct and not (isinstance(w, Kron) and all(
                 f.shape == M.shape and abs(sp.csr_matrix(f.sparse()) - sp.csr_matrix(M)).sum() == 0
                 for f, M in zip(w.factors, self.factors, strict=True))):
-            raise StrategyError(f"strategy {self.name} answers its own measurements (B = I); workload "
-                                f"{w.name} is not the Kronecker product it measures")
+            raise StrategyError(f"a strategy that answers its own measurements (B = I) answers only the Kronecker "
+                                f"product it measures; workload {w.name} is not it")
         return w
 
     # -- error -----------------------------------------------------------------------------------
     def unit_error(self, workload: Workload) -> float:
-        """||W A^+||_F^2 = sum_k a_k prod_i trace(G_ki X_i^+) (per unit noise variance and sensitivity)."""
+        """seed 004 Prop. 3.3 through the factors: ||W A^+||_F^2 = sum_k a_k prod_i trace(G_ki X_i^+) (per unit noise
+        variance and sensitivity)."""
         w = self._checked(workload)
         if self.direct:
             return float(w.m)  # B = I: ||B||_F^2 = m
@@ -194,16 +184,12 @@ class KronStrategy(FactoredStrategy):
     def estimate(self, y: np.ndarray) -> np.ndarray:
         """Least-squares data estimate x_hat = A^+ y = ((x)_i A_i^+) y (n,)."""
         if self.direct:
-            raise StrategyError(f"strategy {self.name} answers its measurements directly; it estimates no data vector")
+            raise StrategyError("a strategy that answers its measurements directly estimates no data vector")
         return kron_matvec(self._pinv_factors, y)
 
-    def answer(
-        self, x: np.ndarray | Records, privacy: Privacy, rng: np.random.Generator | None = None,
-        workload: Workload | None = None, *, perturb: Perturb | None = None,
-    ) -> np.ndarray:
+    def answers(self, y: np.ndarray, workload: Workload | None) -> np.ndarray:
         """W A^+ y for the workload's Kronecker terms, ((x)_i W_ki A_i^+) y each, never forming x_hat over the
-        domain (x_hat itself when no workload is given); noise as in `measure`."""
-        y = self.measure(x, privacy, rng, perturb=perturb)
+        domain (x_hat itself when no workload is given)."""
         if workload is None:
             return self.estimate(y)
         w = self._checked(workload)
@@ -233,14 +219,9 @@ class KronStrategy(FactoredStrategy):
             out.append(wt**2 * v)
         return np.concatenate(out)
 
-    def to_dense(self) -> Strategy:
-        """The dense dpopt Strategy (small domains only), for cross-checks."""
-        r, n = self.shape
-        if r * n > MAX_DENSE_ENTRIES:
-            raise ValueError(f"{self.name} is {r} x {n}; too large to materialise")
+    def to_matrix(self) -> sp.csr_matrix:
+        """A = A_1 (x) ... (x) A_d formed (small domains only), for cross-checks."""
         A = sp.csr_matrix(self.factors[0])
         for M in self.factors[1:]:
             A = sp.kron(A, sp.csr_matrix(M), format="csr")
-        B = sp.identity(r, format="csr") if self.direct else None
-        return Strategy(A, B=B, name=self.name)
-
+        return A

@@ -1,4 +1,5 @@
-"""Marginal-algebra strategies: strategy Gram X = sum_A x_A Q_A over a product domain (see `marginal_algebra`).
+"""Marginal-algebra strategy matrices (`MarginalMatrix`, a Strategy's A): strategy Gram X = sum_A x_A Q_A over
+a product domain (see `marginal_algebra`).
 
 Two ways to measure such an X:
 All eigenvalues are kept divided by N = prod n_i (written x~_A = x_A / N; see `marginal_algebra`).
@@ -29,10 +30,9 @@ import scipy.sparse as sp
 
 from dpopt.data import Records, marginal_tables
 from dpopt.linalg import attrs_of, cells_of, residual_rank, submasks
-from dpopt.privacy import Perturb, Privacy, research_perturb
-from dpopt.strategy import FactoredStrategy, Strategy, StrategyError
+from dpopt.strategy import StrategyError, StructuredMatrix
 from dpopt.validation import check_choice
-from dpopt.workloads import MAX_DENSE_ENTRIES, Marginals
+from dpopt.workloads import Marginals, Workload
 
 KINDS = ("residual", "marginals")
 #: A measured marginal over more attributes than this is not expanded into its 2^|T| subsets (the full table of
@@ -65,7 +65,7 @@ def _center(T: np.ndarray, axes: Sequence[int]) -> np.ndarray:
     return T
 
 
-class MarginalStrategy(FactoredStrategy):
+class MarginalMatrix(StructuredMatrix):
     """Strategy Gram sum_A x_A Q_A measured as residual blocks or weighted marginal tables."""
 
     def __init__(
@@ -74,7 +74,6 @@ class MarginalStrategy(FactoredStrategy):
         kind: str,
         subsets: Sequence[Sequence[int]],
         params: Sequence[float] | np.ndarray,
-        name: str | None = None,
     ) -> None:
         check_choice(kind, KINDS, "kind")
         self.domain_sizes = tuple(int(n) for n in domain_sizes)
@@ -92,7 +91,6 @@ class MarginalStrategy(FactoredStrategy):
         self.subsets = [s for s, k in zip(subs, keep, strict=True) if k]
         self.masks = [sum(1 << a for a in s) for s in self.subsets]
         self.params = p[keep]
-        self.name = name or f"{kind}-strategy"
 
     # -- spectrum and sensitivity ------------------------------------------------------------------
     @cached_property
@@ -123,19 +121,15 @@ class MarginalStrategy(FactoredStrategy):
         """x_A / N = sum over measured T containing A of theta_T^2 / N_T (0 if A is unmeasured)."""
         return self._x.get(mask, 0.0) + sum(v for T, v in self._wide if mask & T == mask)
 
-    @cached_property
-    def sens2(self) -> float:
-        """Exact L2 sensitivity (constant over cells): sqrt(sum_A x_A r_A / N), or sqrt(sum theta_T^2)."""
+    def sensitivity(self, norm: int) -> float:
+        """Exact and constant over cells. L2: sqrt(sum_A x_A r_A / N), or sqrt(sum theta_T^2); L1 (the marginal
+        form only, residual blocks are for Gaussian noise): sum theta_T."""
+        if norm == 1 and self.kind == "residual":
+            raise ValueError("residual-basis strategies need Gaussian noise (L2 sensitivity): give a Privacy with "
+                             "delta > 0")
         if self.kind == "marginals":
-            return float(np.sqrt(np.sum(self.params**2)))
+            return float(np.sum(self.params) if norm == 1 else np.sqrt(np.sum(self.params**2)))
         return math.sqrt(sum(v * residual_rank(self.domain_sizes, A) for A, v in self._x.items()))
-
-    @cached_property
-    def sens1(self) -> float:
-        """Exact L1 sensitivity of the marginal form: sum theta_T (residual blocks are for Gaussian noise)."""
-        if self.kind == "residual":
-            raise ValueError("residual-basis strategies are calibrated for Gaussian noise (L2 sensitivity)")
-        return float(np.sum(self.params))
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -166,7 +160,8 @@ class MarginalStrategy(FactoredStrategy):
         return float(math.sqrt(cr[miss].sum() / cr.sum()))
 
     def unit_error(self, workload: Marginals) -> float:
-        """trace(W^T W X^+) = sum_A c_A r_A / x_A over the workload's down-closure."""
+        """seed 004 Prop. 3.3 in closed form: trace(W^T W X^+) = sum_A c_A r_A / x_A over the workload's
+        down-closure."""
         self._check_domain(workload, Marginals)
         x = np.array([self.eigenvalue(A) for A in workload.closure])
         cr = workload.scaled_eigenvalues * workload.multiplicities
@@ -193,25 +188,16 @@ class MarginalStrategy(FactoredStrategy):
         return np.array(out)
 
     # -- measuring and reconstructing ------------------------------------------------------------------
-    def measure(self, x: np.ndarray | Records, privacy: Privacy, rng: np.random.Generator | None = None, *,
-                perturb: Perturb | None = None) -> dict[int, np.ndarray]:
-        """Noisy measurements per measured subset (`measure_tables`) from the data's marginal tables, counted
-        from Records or summed from x."""
-        return self.measure_tables(marginal_tables(x, self.domain_sizes), privacy, rng, perturb=perturb)
+    def measured(self, data: np.ndarray | Records) -> np.ndarray:
+        """The exact measurements (r,) from the data's marginal tables, counted from Records or summed from x."""
+        return self.measured_tables(marginal_tables(data, self.domain_sizes))
 
-    def measure_tables(self, tables: TableFn, privacy: Privacy, rng: np.random.Generator | None = None, *,
-                       perturb: Perturb | None = None) -> dict[int, np.ndarray]:
-        """Noisy measurements per measured subset, from the data's marginal tables `tables(attrs)`.
+    def measured_tables(self, tables: TableFn) -> np.ndarray:
+        """The exact measurements (r,), every measured subset's block in turn, from the data's marginal tables.
 
         `tables(attrs)` returns the count table over the sorted attribute tuple attrs (shape (n_i for i in
-        attrs); a 0-d array for the empty tuple). Every measurement gets noise in one call of `perturb`
-        (default: research-mode noise from `rng`).
+        attrs); a 0-d array for the empty tuple).
         """
-        if self.kind == "residual" and privacy.is_pure:
-            raise ValueError("residual-basis strategies need Gaussian noise: give a Privacy with delta > 0")
-        if perturb is None:
-            perturb = research_perturb(privacy, rng)  # type: ignore[arg-type]
-        sens = self.sensitivity(privacy.norm)
         exact: list[np.ndarray] = []
         for s, A, v in zip(self.subsets, self.masks, self.params, strict=True):
             t = np.asarray(tables(s), dtype=float)
@@ -223,9 +209,14 @@ class MarginalStrategy(FactoredStrategy):
                 exact.append(math.sqrt(v * cells_of(self.domain_sizes, A)) * _apply_axes(t, U))
             else:
                 exact.append(v * t)
-        noisy = perturb(np.concatenate([y.ravel() for y in exact]), sens)
-        cuts = np.cumsum([y.size for y in exact])[:-1]
-        return {A: z.reshape(y.shape) for A, y, z in zip(self.masks, exact, np.split(noisy, cuts), strict=True)}
+        return np.concatenate([y.ravel() for y in exact])
+
+    def blocks(self, y: np.ndarray) -> dict[int, np.ndarray]:
+        """Measurements (r,) split into one table per measured subset (its mask to the block's shape)."""
+        less = 1 if self.kind == "residual" else 0  # a residual block has n_i - 1 rows per attribute
+        shapes = [tuple(self.domain_sizes[i] - less for i in s) for s in self.subsets]
+        cuts = np.cumsum([math.prod(sh) for sh in shapes])[:-1]
+        return {A: z.reshape(sh) for A, sh, z in zip(self.masks, shapes, np.split(y, cuts), strict=True)}
 
     def residual_estimates(self, y: dict[int, np.ndarray], need: Sequence[int]) -> dict[int, np.ndarray]:
         """Least-squares A-tables z_A (the data's Q_A component is z_A / N broadcast over the other axes)."""
@@ -234,7 +225,7 @@ class MarginalStrategy(FactoredStrategy):
         for A in need:
             xa = self.eigenvalue(A)
             if xa <= 0:
-                raise StrategyError(f"subset {attrs_of(A)} is not measured by {self.name}")
+                raise StrategyError(f"subset {attrs_of(A)} is not measured by the strategy")
             a_attrs = attrs_of(A)
             if self.kind == "residual":
                 U = [helmert_basis(sizes[i]) for i in a_attrs]
@@ -266,21 +257,10 @@ class MarginalStrategy(FactoredStrategy):
             tables.append(acc / cells_of(self.domain_sizes, S))
         return tables
 
-    def answers_from_tables(
-        self, tables: TableFn, workload: Marginals, privacy: Privacy,
-        rng: np.random.Generator | None = None, *, perturb: Perturb | None = None,
-    ) -> list[np.ndarray]:
-        """Answers to every workload marginal from the data's marginal tables; noise as in `measure`."""
-        return self.reconstruct(self.measure_tables(tables, privacy, rng, perturb=perturb), workload)
-
-    def answer(self, x: np.ndarray | Records, privacy: Privacy, rng: np.random.Generator | None = None,
-               workload: Marginals | None = None, *, perturb: Perturb | None = None) -> np.ndarray:
-        """The workload's weighted marginal tables, raveled in query order (m,), from the data's marginal tables
-        (counted from Records, or summed from x); noise as in `measure`."""
-        if workload is None:
-            raise StrategyError(f"strategy {self.name}: answer needs the marginal workload it answers")
-        self._check_domain(workload, Marginals)
-        out = self.reconstruct(self.measure(x, privacy, rng, perturb=perturb), workload)
+    def answers(self, y: np.ndarray, workload: Workload | None) -> np.ndarray:
+        """The workload's weighted marginal tables W A^+ y, raveled in query order (m,)."""
+        self._check_domain(workload, Marginals)  # type: ignore[arg-type]
+        out = self.reconstruct(self.blocks(y), workload)  # type: ignore[arg-type]
         return np.concatenate([wt * t.ravel() for wt, t in zip(workload.weights, out, strict=True)])
 
     def query_unit_variances(self, workload: Marginals) -> np.ndarray:
@@ -291,11 +271,8 @@ class MarginalStrategy(FactoredStrategy):
             for S, wt, vs in zip(workload.masks, workload.weights, v, strict=True)
         ])
 
-    def to_dense(self) -> Strategy:
+    def to_matrix(self) -> sp.csr_matrix:
         """The explicit strategy matrix (small domains only), for cross-checks against the dense path."""
-        r, n = self.shape
-        if r * n > MAX_DENSE_ENTRIES:
-            raise ValueError(f"{self.name} is {r} x {n}; too large to materialise")
         blocks = []
         for s, v in zip(self.subsets, self.params, strict=True):
             B = np.ones((1, 1))
@@ -307,4 +284,4 @@ class MarginalStrategy(FactoredStrategy):
                 B = np.kron(B, F)
             scale = math.sqrt(v * math.prod(self.domain_sizes[i] for i in s)) if self.kind == "residual" else v
             blocks.append(scale * B)
-        return Strategy(sp.csr_matrix(np.vstack(blocks)), name=self.name)
+        return sp.csr_matrix(np.vstack(blocks))

@@ -4,12 +4,18 @@ Two kinds:
 - matrix-mechanism strategies hold only A; the reconstruction is least squares, B = W A^+, and every
   quantity the error needs depends on W only through W^T W;
 - factorisation strategies (LRM, OM) also hold B, and W = B A holds exactly or within gamma (relaxed LRM).
+
+A is a dense or sparse matrix, or a `StructuredMatrix` held through its factors and never formed: a Kronecker
+product (`dpopt.kron_strategy.KronMatrix`), a weighted stack of them (`dpopt.union_strategy.UnionKronMatrix`)
+or a marginal-algebra strategy (`dpopt.marginal_strategy.MarginalMatrix`). The one Strategy class computes
+everything through A's form.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from functools import cached_property
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING
 
 import numpy as np
 import scipy.linalg as sla
@@ -19,7 +25,7 @@ from dpopt.data import Records, data_vector
 from dpopt.linalg import column_norm_powers, row_sq_norms
 from dpopt.privacy import Perturb, Privacy, research_perturb
 from dpopt.validation import check_finite_matrix
-from dpopt.workloads import Workload, as_workload
+from dpopt.workloads import MAX_DENSE_ENTRIES, Workload, as_workload
 
 if TYPE_CHECKING:
     from dpopt.error import ErrorReport
@@ -32,30 +38,92 @@ class StrategyError(ValueError):
     """A strategy cannot answer a workload (it does not support it, or shapes disagree)."""
 
 
+class StructuredMatrix(ABC):
+    """A strategy matrix A (r x n) held through its structure, never formed; what a Strategy needs of it is
+    computed through the factors: sensitivity, rank, the least-squares error trace(W^T W X^+) and per-query
+    variances on a workload, the support residual, the exact measurements A x and the least-squares answers."""
+
+    #: The factor (attribute) sizes of the product domain A acts on.
+    domain_sizes: tuple[int, ...]
+    #: True when the answers are the measurements themselves (B = I, noise on queries).
+    direct: bool = False
+
+    @property
+    @abstractmethod
+    def shape(self) -> tuple[int, int]:
+        """(r, n): measured rows and cells."""
+
+    @property
+    @abstractmethod
+    def rank(self) -> int:
+        """rank(A), or an upper bound where the form says so."""
+
+    @abstractmethod
+    def sensitivity(self, norm: int) -> float:
+        """The largest column L1 (norm 1) or L2 (norm 2) norm of A."""
+
+    @abstractmethod
+    def unit_error(self, workload: Workload) -> float:
+        """||W A^+||_F^2 = trace(W^T W X^+): the error per unit noise variance and sensitivity."""
+
+    @abstractmethod
+    def unsupported_fraction(self, workload: Workload) -> float:
+        """||W (I - A^+ A)||_F / ||W||_F."""
+
+    @abstractmethod
+    def query_unit_variances(self, workload: Workload) -> np.ndarray:
+        """w_i^T X^+ w_i for every query (m,)."""
+
+    @abstractmethod
+    def measured(self, data: np.ndarray | Records) -> np.ndarray:
+        """The exact measurements A x (r,)."""
+
+    @abstractmethod
+    def answers(self, y: np.ndarray, workload: Workload | None) -> np.ndarray:
+        """The least-squares answers W A^+ y (m,), or the data estimate A^+ y where the form has one."""
+
+    @abstractmethod
+    def to_matrix(self) -> sp.csr_matrix:
+        """A itself (small domains only), for cross-checks."""
+
+    def _check_domain(self, workload: Workload, form: type[Workload] = Workload) -> None:
+        """Refuses a workload that is not a `form` or lies on another product domain than A's."""
+        if not isinstance(workload, form):
+            raise StrategyError(f"a {type(self).__name__} strategy answers a {form.__name__}, "
+                                f"got {type(workload).__name__}")
+        if workload.domain_sizes != self.domain_sizes:
+            raise StrategyError(f"the strategy has factor sizes {self.domain_sizes} but workload {workload.name} "
+                                f"has {workload.domain_sizes}; expected the same product domain")
+
+
 class Strategy:
     """Measured queries A (r x n) and optionally a reconstruction B (m x r): the one strategy type.
 
-    This class holds A dense or sparse. The structured forms are its subclasses and share its interface
-    (shape, sensitivity, rank, supports / check_supports, expected_error, query_unit_variances, measure and
-    answer; each computes them through its factors):
-    `dpopt.kron_strategy.KronStrategy` (A = A_1 (x) ... (x) A_d), `dpopt.union_strategy.UnionKronStrategy`
-    (a weighted stack of them) and `dpopt.marginal_strategy.MarginalStrategy` (the marginal algebra). Those
-    set `factored` and never form A; asking one for its dense A raises StrategyError.
+    A is dense, sparse or a `StructuredMatrix` (then B is least squares through A's factors, or the
+    measurements themselves for a direct Kronecker product, and `factored` is True). Every quantity the
+    error, the support check and the answers need is computed through A's form; asking a structured A for a
+    dense one (Gram, pseudo-inverse, reconstruction matrix) raises StrategyError (`to_dense` gives it on small
+    domains).
     """
 
-    #: True for the structured forms, which compute everything through their factors.
-    factored: ClassVar[bool] = False
     #: (workload, B): the reconstruction of the last workload answered, kept for repeated answers.
     _kept: tuple[Workload | None, np.ndarray | sp.spmatrix | None] = (None, None)
 
     def __init__(
         self,
-        A: np.ndarray | sp.spmatrix,
+        A: np.ndarray | sp.spmatrix | StructuredMatrix,
         B: np.ndarray | sp.spmatrix | None = None,
         name: str = "strategy",
         gamma: float = 0.0,
     ) -> None:
-        self.A: np.ndarray | sp.csr_matrix = check_finite_matrix(A, "strategy A", keep_sparse=True)
+        if isinstance(A, StructuredMatrix):
+            if B is not None or gamma != 0.0:
+                raise ValueError("a structured A answers by least squares through its factors; give no B or gamma")
+            self.A: np.ndarray | sp.csr_matrix | StructuredMatrix = A
+            self.B: np.ndarray | sp.csr_matrix | None = None
+            self.name, self.gamma = name, 0.0
+            return
+        self.A = check_finite_matrix(A, "strategy A", keep_sparse=True)
         if B is not None:
             B = check_finite_matrix(B, "reconstruction B", keep_sparse=True)
             if B.shape[1] != self.A.shape[0]:
@@ -65,13 +133,18 @@ class Strategy:
                 )
         if gamma < 0 or not np.isfinite(gamma):
             raise ValueError(f"gamma must be a finite non-negative number, got {gamma}")
-        self.B: np.ndarray | sp.csr_matrix | None = B
+        self.B = B
         self.name = name
         self.gamma = float(gamma)
         if column_norm_powers(self.A, 2).max() == 0.0:
             raise ValueError("strategy A is all zeros; it measures nothing")
 
     # -- shape and sensitivity -------------------------------------------------------------------
+    @property
+    def factored(self) -> bool:
+        """True when A is a StructuredMatrix, computed through its factors and never formed."""
+        return isinstance(self.A, StructuredMatrix)
+
     @property
     def shape(self) -> tuple[int, int]:
         """(r, n): number of measured queries and number of cells."""
@@ -80,11 +153,15 @@ class Strategy:
     @cached_property
     def sens1(self) -> float:
         """L1 sensitivity: the largest column L1 norm of A (eps-DP, Laplace noise)."""
+        if isinstance(self.A, StructuredMatrix):
+            return self.A.sensitivity(1)
         return float(column_norm_powers(self.A, 1).max())
 
     @cached_property
     def sens2(self) -> float:
         """L2 sensitivity: the largest column L2 norm of A ((eps, delta)-DP, Gaussian noise)."""
+        if isinstance(self.A, StructuredMatrix):
+            return self.A.sensitivity(2)
         return float(np.sqrt(column_norm_powers(self.A, 2).max()))
 
     def sensitivity(self, norm: int) -> float:
@@ -95,12 +172,21 @@ class Strategy:
             return self.sens2
         raise ValueError(f"norm must be 1 or 2, got {norm}")
 
+    def matrix(self) -> np.ndarray | sp.csr_matrix:
+        """A as a dense or sparse matrix; refused for a structured A, which is never formed."""
+        if isinstance(self.A, StructuredMatrix):
+            r, n = self.shape
+            raise StrategyError(f"strategy {self.name} ({r} x {n}) is held through its factors; its dense A is "
+                                "not formed")
+        return self.A
+
     @cached_property
     def gram(self) -> np.ndarray:
         """X = A^T A (n x n, dense)."""
-        if sp.issparse(self.A):
-            return np.asarray((self.A.T @ self.A).todense(), dtype=float)
-        return self.A.T @ self.A
+        A = self.matrix()
+        if sp.issparse(A):
+            return np.asarray((A.T @ A).todense(), dtype=float)
+        return A.T @ A
 
     @cached_property
     def _gram_eig(self) -> tuple[np.ndarray, np.ndarray]:
@@ -130,6 +216,8 @@ class Strategy:
     @property
     def rank(self) -> int:
         """Rank of A."""
+        if isinstance(self.A, StructuredMatrix):
+            return self.A.rank
         if self.full_column_rank:
             return self.shape[1]
         return int(np.count_nonzero(self._gram_eig[0]))
@@ -165,7 +253,7 @@ class Strategy:
     def pinv(self) -> np.ndarray:
         """A^+ (n x r) through the eigendecomposition of A^T A: A^+ = X^+ A^T."""
         Xp = self.gram_pinv()
-        return np.asarray(self.A @ Xp).T  # (A X^+)^T = X^+ A^T since X^+ is symmetric
+        return np.asarray(self.matrix() @ Xp).T  # (A X^+)^T = X^+ A^T since X^+ is symmetric
 
     def gram_pinv(self) -> np.ndarray:
         """X^+ = (A^T A)^+ (n x n); a Cholesky inverse when A has full column rank."""
@@ -192,6 +280,8 @@ class Strategy:
     def unsupported_fraction(self, workload: Workload | np.ndarray) -> float:
         """Relative residual ||W - B A||_F / ||W||_F (least-squares B via W^T W when B is not given)."""
         workload = as_workload(workload)
+        if isinstance(self.A, StructuredMatrix):
+            return self.A.unsupported_fraction(workload)
         self._check_cells(workload)
         if self.B is not None and self.B.shape[0] != workload.m:
             raise StrategyError(
@@ -246,15 +336,20 @@ class Strategy:
         return expected_error(self, workload, privacy, rtol=rtol)
 
     def unit_error(self, workload: Workload | np.ndarray) -> float:
-        """||B||_F^2, the error per unit noise variance and sensitivity (`dpopt.error.unit_error`)."""
+        """||B||_F^2, the error per unit noise variance and sensitivity (`dpopt.error.unit_error`, or through A's
+        factors)."""
         from dpopt.error import unit_error
 
+        if isinstance(self.A, StructuredMatrix):
+            return self.A.unit_error(as_workload(workload))
         return unit_error(self, as_workload(workload))
 
     def query_unit_variances(self, workload: Workload | np.ndarray) -> np.ndarray:
         """Variance of each query's answer per unit noise variance (m,): the squared row norms of the given B,
         or w_i^T (A^T A)^+ w_i for every row w_i of W under least squares (seed 004 Prop. 3.3 per query)."""
         workload = as_workload(workload)
+        if isinstance(self.A, StructuredMatrix):
+            return self.A.query_unit_variances(workload)
         if self.B is not None:
             return row_sq_norms(self.reconstruct(workload))
         self._check_cells(workload)
@@ -263,7 +358,10 @@ class Strategy:
 
     # -- measuring and answering -------------------------------------------------------------------
     def measured(self, data: np.ndarray | Records) -> np.ndarray:
-        """The exact measurements A x (r,) of a data vector or of Records over the strategy's cells."""
+        """The exact measurements A x (r,) of a data vector or of Records over the strategy's cells (a structured
+        A counts only the marginal tables it needs from Records, never forming x)."""
+        if isinstance(self.A, StructuredMatrix):
+            return self.A.measured(data)
         return np.asarray(self.A @ data_vector(data, self.shape[1]), dtype=float).ravel()
 
     def measure(self, x: np.ndarray | Records, privacy: Privacy, rng: np.random.Generator | None = None, *,
@@ -277,9 +375,12 @@ class Strategy:
         self, x: np.ndarray | Records, privacy: Privacy, rng: np.random.Generator | None = None,
         workload: Workload | None = None, *, perturb: Perturb | None = None,
     ) -> np.ndarray:
-        """B y for the workload's reconstruction B (`reconstruct`, kept for the last workload asked), or the
-        least-squares data estimate A^+ y when no workload is given; y and its noise as in `measure`."""
+        """B y for the workload's reconstruction B (`reconstruct`, kept for the last workload asked, or through A's
+        factors), or the least-squares data estimate A^+ y when no workload is given; y and its noise as in
+        `measure`."""
         y = self.measure(x, privacy, rng, perturb=perturb)
+        if isinstance(self.A, StructuredMatrix):
+            return self.A.answers(y, workload)
         if workload is None:
             if self.B is not None:
                 raise StrategyError(f"strategy {self.name} answers through its B; give the workload it answers")
@@ -288,31 +389,18 @@ class Strategy:
             self._kept = (workload, self.reconstruct(workload))
         return np.asarray(self._kept[1] @ y, dtype=float).ravel()
 
+    def to_dense(self) -> Strategy:
+        """The strategy with A formed as a sparse matrix (small domains only), for cross-checks; itself if dense."""
+        if not isinstance(self.A, StructuredMatrix):
+            return self
+        r, n = self.shape
+        if r * n > MAX_DENSE_ENTRIES:
+            raise ValueError(f"{self.name} is {r} x {n}; too large to materialise")
+        return Strategy(self.A.to_matrix(), B=sp.identity(r, format="csr") if self.A.direct else None, name=self.name)
+
     def __repr__(self) -> str:
         r, n = self.shape
-        if self.factored:
-            return f"<{type(self).__name__} {self.name}: {r} x {n}>"
+        if isinstance(self.A, StructuredMatrix):
+            return f"<Strategy {self.name} ({type(self.A).__name__}): {r} x {n}>"
         kind = "factorisation" if self.B is not None else "matrix"
         return f"<Strategy {self.name} ({kind}): {r} x {n}, sens1={self.sens1:.4g}, sens2={self.sens2:.4g}>"
-
-
-class FactoredStrategy(Strategy):
-    """Base of the structured strategy forms: A is held through its factors and never formed."""
-
-    factored: ClassVar[bool] = True
-    B = None
-    gamma = 0.0
-
-    @property
-    def A(self) -> np.ndarray:  # type: ignore[override]
-        """Refused: a factored strategy's A is not formed (`to_dense` gives it on small domains)."""
-        r, n = self.shape
-        raise StrategyError(f"strategy {self.name} ({r} x {n}) is held through its factors; its dense A is not formed")
-
-    def _check_domain(self, workload: Workload, form: type[Workload] = Workload) -> None:
-        """Refuses a workload that is not a `form` or lies on another product domain than the strategy's."""
-        if not isinstance(workload, form):
-            raise StrategyError(f"strategy {self.name} answers a {form.__name__}, got {type(workload).__name__}")
-        if workload.domain_sizes != self.domain_sizes:
-            raise StrategyError(f"strategy {self.name} has factor sizes {self.domain_sizes} but workload "
-                                f"{workload.name} has {workload.domain_sizes}; expected the same product domain")

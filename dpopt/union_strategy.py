@@ -1,4 +1,5 @@
-"""Unions of Kronecker strategies (HDMM's OPT_+), with each workload term answered by its own part.
+"""Unions of Kronecker strategy matrices (HDMM's OPT_+, `UnionKronMatrix`, a Strategy's A), with each workload
+term answered by its own part.
 
 A = [w_1 A^(1); ...; w_K A^(K)] with Kronecker parts A^(k) = (x)_i A_i^(k).
 
@@ -20,33 +21,26 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from functools import cached_property
 
 import numpy as np
+import scipy.sparse as sp
 
 from dpopt.data import Records, data_vector
-from dpopt.kron_strategy import KronStrategy
+from dpopt.kron_strategy import KronMatrix
 from dpopt.linalg import column_norm_powers, kron_column_norms, kron_matvec
-from dpopt.privacy import Perturb, Privacy, research_perturb
-from dpopt.strategy import FactoredStrategy, StrategyError
-from dpopt.workloads import Stack
+from dpopt.strategy import StrategyError, StructuredMatrix
+from dpopt.workloads import Stack, Workload
 
 # Largest domain on which the stacked column norms are scanned exactly.
 EXACT_SENS_CELLS = 50_000_000
 
 
-class UnionKronStrategy(FactoredStrategy):
-    """Weighted stack of Kronecker strategies; workload term j is answered by part `assignment[j]`."""
+class UnionKronMatrix(StructuredMatrix):
+    """Weighted stack of Kronecker strategy matrices; workload term j is answered by part `assignment[j]`."""
 
-    def __init__(
-        self,
-        parts: Sequence[KronStrategy],
-        weights: Sequence[float],
-        assignment: Sequence[int],
-        name: str = "union-of-krons",
-    ) -> None:
+    def __init__(self, parts: Sequence[KronMatrix], weights: Sequence[float], assignment: Sequence[int]) -> None:
         if len(parts) == 0:
-            raise ValueError("UnionKronStrategy needs at least one part")
+            raise ValueError("a union of Kronecker strategies needs at least one part")
         if len({p.domain_sizes for p in parts}) != 1:
             raise ValueError("all parts must share the factor domain sizes")
         w = np.asarray(weights, dtype=float)
@@ -58,7 +52,6 @@ class UnionKronStrategy(FactoredStrategy):
         self.weights = w
         self.assignment = [int(k) for k in assignment]
         self.domain_sizes = self.parts[0].domain_sizes
-        self.name = name
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -95,16 +88,6 @@ class UnionKronStrategy(FactoredStrategy):
             best = max(best, float(np.max(acc)))
         return best if norm == 1 else math.sqrt(best)
 
-    @cached_property
-    def sens1(self) -> float:
-        """L1 sensitivity (see `sensitivity`)."""
-        return self.sensitivity(1)
-
-    @cached_property
-    def sens2(self) -> float:
-        """L2 sensitivity (see `sensitivity`)."""
-        return self.sensitivity(2)
-
     def _check(self, workload: Stack) -> None:
         self._check_domain(workload, Stack)
         if len(workload.parts) != len(self.assignment):
@@ -125,18 +108,16 @@ class UnionKronStrategy(FactoredStrategy):
         self._check(workload)
         return max(self.parts[k].unsupported_fraction(p) for k, p in zip(self.assignment, workload.parts, strict=True))
 
-    def answer(self, x: np.ndarray | Records, privacy: Privacy, rng: np.random.Generator | None, workload: Stack,
-               *, perturb: Perturb | None = None) -> np.ndarray:
-        """Each term answered from its own part's least-squares estimate (m,); noise from `perturb` (default rng's)."""
-        self._check(workload)
-        sens = self.sensitivity(privacy.norm)
-        if perturb is None:
-            perturb = research_perturb(privacy, rng)  # type: ignore[arg-type]
-        x = data_vector(x, self.shape[1])
-        # y_k = w_k A^(k) x + z_k, every row's noise calibrated to the whole stack's sensitivity (one draw)
-        clean = [wt * kron_matvec(part.factors, x) for wt, part in zip(self.weights, self.parts, strict=True)]
-        y = perturb(np.concatenate(clean), sens)
-        cuts = np.cumsum([c.shape[0] for c in clean])[:-1]
+    def measured(self, data: np.ndarray | Records) -> np.ndarray:
+        """The stacked exact measurements [w_k A^(k) x]_k (r,), by Kronecker matvecs."""
+        x = data_vector(data, self.shape[1])
+        return np.concatenate([wt * kron_matvec(part.factors, x) for wt, part in zip(self.weights, self.parts,
+                                                                                      strict=True)])
+
+    def answers(self, y: np.ndarray, workload: Workload | None) -> np.ndarray:
+        """Each term answered from its own part's least-squares estimate x_hat_k = A^(k)+ y_k / w_k (m,)."""
+        self._check(workload)  # type: ignore[arg-type]
+        cuts = np.cumsum([p.shape[0] for p in self.parts])[:-1]
         x_hat = [part.estimate(yk / wt) for yk, wt, part in
                  zip(np.split(y, cuts), self.weights, self.parts, strict=True)]
         return np.concatenate(
@@ -150,3 +131,7 @@ class UnionKronStrategy(FactoredStrategy):
             (float(wt) / self.weights[k]) ** 2 * self.parts[k].query_unit_variances(p)
             for k, wt, p in zip(self.assignment, workload.weights, workload.parts, strict=True)
         ])
+
+    def to_matrix(self) -> sp.csr_matrix:
+        """The stacked [w_k A^(k)]_k formed (small domains only), for cross-checks."""
+        return sp.vstack([wt * p.to_matrix() for wt, p in zip(self.weights, self.parts, strict=True)], format="csr")

@@ -1,4 +1,5 @@
-"""Factored strategies agree with the dense Strategy on small products and answer 10^6-cell data vectors."""
+"""Strategies with a structured A (Kronecker, union, marginal) agree with the dense Strategy on small products and
+answer 10^6-cell data vectors."""
 
 import math
 
@@ -13,9 +14,9 @@ from dpopt.baselines import (
     wavelet_strategy,
 )
 from dpopt.error import expected_error, unit_error
-from dpopt.kron_strategy import KronStrategy
-from dpopt.marginal_strategy import MarginalStrategy, helmert_basis
-from dpopt.privacy import Privacy
+from dpopt.kron_strategy import KronMatrix
+from dpopt.marginal_strategy import MarginalMatrix, helmert_basis
+from dpopt.privacy import Privacy, research_perturb
 from dpopt.strategy import Strategy, StrategyError
 from dpopt.workloads import AllRange, Identity, Kron, Marginals, Prefix, Stack, Total
 
@@ -26,7 +27,7 @@ from dpopt.workloads import AllRange, Identity, Kron, Marginals, Prefix, Stack, 
 
 def test_kron_strategy_matches_dense():
     parts = [hierarchical_strategy(6), wavelet_strategy(4), identity_strategy(3)]
-    S = KronStrategy(parts)
+    S = Strategy(KronMatrix(parts))
     D = kron_strategy(parts)
     W = Kron([AllRange(6), Prefix(4), Total(3)])
     assert S.shape == D.shape
@@ -40,11 +41,18 @@ def test_kron_strategy_matches_dense():
     U = Stack([Kron([AllRange(6), Identity(4), Total(3)]), W], weights=[2.0, 1.0])
     dense_u = Stack([Kron([AllRange(6), Identity(4), Total(3)]), explicit(W)], weights=[2.0, 1.0])
     assert S.unit_error(U) == pytest.approx(unit_error(D, dense_u), rel=1e-10)
+    # one Strategy type: the structured A is never formed behind the caller's back, and takes no B
+    for dense_only in (lambda: S.gram, S.pinv, lambda: S.reconstruct(W)):
+        with pytest.raises(StrategyError, match="held through its factors"):
+            dense_only()
+    np.testing.assert_array_equal(S.to_dense().A.toarray(), D.A.toarray())
+    with pytest.raises(ValueError, match="give no B or gamma"):
+        Strategy(KronMatrix(parts), B=np.eye(S.shape[0]))
 
 
 def test_kron_support_detects_missing_directions():
     total = np.ones((1, 4))
-    S = KronStrategy([total, np.eye(3)])
+    S = Strategy(KronMatrix([total, np.eye(3)]))
     ok = Kron([Total(4), Prefix(3)])
     bad = Kron([Prefix(4), Prefix(3)])
     assert S.supports(ok)
@@ -57,19 +65,19 @@ def test_kron_support_detects_missing_directions():
 
 def test_direct_kron_strategy_answers_only_what_it_measures():
     """B = I on every factor (noise on queries): the answers are the measurements, so only that workload."""
-    S = KronStrategy([Strategy(Prefix(4).matrix(), B=np.eye(4)), Strategy(np.eye(3), B=np.eye(3))])
+    S = Strategy(KronMatrix([Strategy(Prefix(4).matrix(), B=np.eye(4)), Strategy(np.eye(3), B=np.eye(3))]))
     measured, other = Kron([Prefix(4), Identity(3)]), Kron([AllRange(4), Identity(3)])
-    assert S.direct and S.unit_error(measured) == 12.0  # ||B||_F^2 = m
+    assert S.A.direct and S.unit_error(measured) == 12.0  # ||B||_F^2 = m
     np.testing.assert_array_equal(S.query_unit_variances(measured), np.ones(12))
     for call in (S.unit_error, S.unsupported_fraction, S.query_unit_variances):
-        with pytest.raises(StrategyError, match="is not the Kronecker product it measures"):
+        with pytest.raises(StrategyError, match="answers only the Kronecker product it measures"):
             call(other)
 
 
 def test_estimate_is_least_squares_through_factors():
     rng = np.random.default_rng(3)
     A1, A2 = rng.standard_normal((7, 4)), rng.standard_normal((5, 3))
-    S = KronStrategy([A1, A2])
+    S = KronMatrix([A1, A2])
     y = rng.standard_normal(35)
     dense = np.linalg.lstsq(np.kron(A1, A2), y, rcond=None)[0]
     np.testing.assert_allclose(S.estimate(y), dense, rtol=1e-10, atol=1e-10)
@@ -77,7 +85,7 @@ def test_estimate_is_least_squares_through_factors():
 
 def test_answer_on_a_million_cells():
     """2^20 cells: measurement, least squares and W x_hat all through Kronecker matvecs."""
-    S = KronStrategy([hierarchical_strategy(1024), hierarchical_strategy(1024)])
+    S = Strategy(KronMatrix([hierarchical_strategy(1024), hierarchical_strategy(1024)]))
     W = Kron([Prefix(1024), Identity(1024)])
     rng = np.random.default_rng(0)
     x = rng.integers(0, 20, 1024 * 1024).astype(float)
@@ -97,10 +105,6 @@ def test_answer_on_a_million_cells():
     assert abs(realised / expected - 1) <= 4 * rel_sd
 
 
-def _dense_y(strat: MarginalStrategy, y: dict) -> np.ndarray:
-    return np.concatenate([y[m].ravel() for m in strat.masks])
-
-
 @pytest.mark.parametrize("kind", ["residual", "marginals"])
 def test_marginal_strategy_matches_dense(kind):
     sizes = [2, 3, 4]
@@ -110,7 +114,7 @@ def test_marginal_strategy_matches_dense(kind):
         subsets = [(), (0,), (1,), (2,), (0, 1), (0, 2), (1, 2)]
     else:
         subsets = [(0, 1), (0, 2), (1, 2), (0,)]
-    S = MarginalStrategy(sizes, kind, subsets, rng.random(len(subsets)) + 0.3)
+    S = Strategy(MarginalMatrix(sizes, kind, subsets, rng.random(len(subsets)) + 0.3))
     D = S.to_dense()
     Wd = explicit(W)
     assert S.sens2 == pytest.approx(D.sens2, rel=1e-12)
@@ -119,7 +123,7 @@ def test_marginal_strategy_matches_dense(kind):
     assert S.unit_error(W) == pytest.approx(unit_error(D, Wd), rel=1e-10)
     # Per-cell variances, weighted and summed over cells, give the total.
     cells = np.array([np.prod([sizes[i] for i in s]) for s in W.subsets])
-    assert float(np.sum(W.weights**2 * cells * S.marginal_variances(W))) == pytest.approx(
+    assert float(np.sum(W.weights**2 * cells * S.A.marginal_variances(W))) == pytest.approx(
         S.unit_error(W), rel=1e-10
     )
     # Least squares through the algebra equals W A^+ y for the same noisy measurements.
@@ -131,15 +135,15 @@ def test_marginal_strategy_matches_dense(kind):
         return T.sum(axis=axes) if axes else T
 
     priv = Privacy(1.0, 1e-3)
-    y = S.measure_tables(tables, priv, np.random.default_rng(11))
+    y = research_perturb(priv, np.random.default_rng(11))(S.A.measured_tables(tables), S.sens2)
     # measure(x) sums the same tables from x and draws the same noise from the same seed (sums of <= 24
     # integer counts are exact in floating point)
-    y_x = S.measure(x, priv, np.random.default_rng(11))
-    assert y_x.keys() == y.keys() and all(np.array_equal(y_x[k], y[k]) for k in y)
+    np.testing.assert_array_equal(S.measure(x, priv, np.random.default_rng(11)), y)
     # same rows, noisy: each entry within 6 noise SDs (sigma_factor * sens2); P(any of < 100 beyond) < 2e-7
-    np.testing.assert_allclose(_dense_y(S, y), D.A @ x, rtol=0, atol=6 * priv.sigma_factor * S.sens2)
-    ours = np.concatenate([w * t.ravel() for w, t in zip(W.weights, S.reconstruct(y, W), strict=True)])
-    dense = Wd.sparse() @ (D.pinv() @ _dense_y(S, y))
+    np.testing.assert_allclose(y, D.A @ x, rtol=0, atol=6 * priv.sigma_factor * S.sens2)
+    ours = np.concatenate([w * t.ravel() for w, t in zip(W.weights, S.A.reconstruct(S.A.blocks(y), W),
+                                                           strict=True)])
+    dense = Wd.sparse() @ (D.pinv() @ y)
     # a dense pseudo-inverse (n = 24, cond <= ~1e2 with weights in [0.3, 1.3]) vs the algebra, on answers
     # of size <= ~1e2: n cond eps ~ 5e-13 relative; 1e-9 and 1e-8 absolute
     np.testing.assert_allclose(ours, dense, rtol=1e-9, atol=1e-8)
@@ -155,32 +159,33 @@ def test_helmert_basis_is_orthonormal_complement_of_ones():
 
 def test_marginal_strategy_refuses_unmeasured_residuals():
     W = Marginals([2, 3], k=2)
-    S = MarginalStrategy([2, 3], "marginals", [(0,), (1,)], [1.0, 1.0])
+    S = Strategy(MarginalMatrix([2, 3], "marginals", [(0,), (1,)], [1.0, 1.0]))
     assert not S.supports(W)
     with pytest.raises(StrategyError, match="does not support"):
         S.expected_error(W, Privacy(1.0))
     with pytest.raises(ValueError, match="Gaussian"):
-        MarginalStrategy([2, 3], "residual", [(0,)], [1.0]).sensitivity(1)
+        Strategy(MarginalMatrix([2, 3], "residual", [(0,)], [1.0])).sensitivity(1)
 
 
 def test_union_kron_strategy_sensitivity_and_error_match_dense():
     import scipy.sparse as sp
 
-    from dpopt.union_strategy import UnionKronStrategy
+    from dpopt.union_strategy import UnionKronMatrix
 
     rng = np.random.default_rng(7)
-    p1 = KronStrategy([rng.random((5, 4)), rng.random((3, 3))])
-    p2 = KronStrategy([np.eye(4), rng.random((4, 3))])
-    S = UnionKronStrategy([p1, p2], [0.7, 1.6], assignment=[0, 1])
-    stacked = np.vstack([0.7 * p1.to_dense().A.toarray(), 1.6 * p2.to_dense().A.toarray()])
-    assert S.sens_exact
+    p1 = KronMatrix([rng.random((5, 4)), rng.random((3, 3))])
+    p2 = KronMatrix([np.eye(4), rng.random((4, 3))])
+    S = Strategy(UnionKronMatrix([p1, p2], [0.7, 1.6], assignment=[0, 1]))
+    stacked = np.vstack([0.7 * p1.to_matrix().toarray(), 1.6 * p2.to_matrix().toarray()])
+    np.testing.assert_array_equal(S.to_dense().A.toarray(), stacked)
+    assert S.A.sens_exact
     assert S.sens1 == pytest.approx(np.abs(stacked).sum(axis=0).max(), rel=1e-12)
     assert S.sens2 == pytest.approx(np.sqrt((stacked**2).sum(axis=0).max()), rel=1e-12)
     U = Stack([Kron([AllRange(4), Prefix(3)]), Kron([Identity(4), Total(3)])], weights=[1.0, 2.0])
     dense = 0.0
     for wt, part, k in ((1.0, U.parts[0], 0), (2.0, U.parts[1], 1)):
         Wd = sp.csr_matrix(explicit(part).sparse()).toarray()
-        Ak = [p1, p2][k].to_dense().A.toarray() * [0.7, 1.6][k]
+        Ak = [p1, p2][k].to_matrix().toarray() * [0.7, 1.6][k]
         dense += wt**2 * float(np.sum((Wd @ np.linalg.pinv(Ak)) ** 2))
     assert S.unit_error(U) == pytest.approx(dense, rel=1e-9)
     x = rng.integers(0, 5, 12).astype(float)
@@ -204,10 +209,10 @@ def test_wide_measured_marginals_are_never_expanded(monkeypatch):
     W = Marginals(sizes, k=2)
     subsets = [(0, 1, 2, 3), (0, 1), (2, 3), (1,)]
     theta = [1.0, 0.5, 2.0, 0.25]
-    expanded = ms.MarginalStrategy(sizes, "marginals", subsets, theta)
+    expanded = ms.MarginalMatrix(sizes, "marginals", subsets, theta)
     expected = (expanded.unit_error(W), expanded.rank, [expanded.eigenvalue(A) for A in W.closure])
     monkeypatch.setattr(ms, "EXPAND_MAX_ATTRS", 1)  # every measured marginal but (1,) is now "wide"
-    wide = ms.MarginalStrategy(sizes, "marginals", subsets, theta)
+    wide = ms.MarginalMatrix(sizes, "marginals", subsets, theta)
     assert wide._wide and set(wide._x) == {0, 2}
     # the same sums in another order: eigenvalues add <= 4 terms, the error <= 11 (closure of 2-way marginals of
     # 4 attributes), so reordering moves them by <= 11 eps ~ 2.4e-15 relative
@@ -216,5 +221,5 @@ def test_wide_measured_marginals_are_never_expanded(monkeypatch):
     assert wide.rank == expected[1] == 48  # the full table contains every other measured marginal
     monkeypatch.undo()
     # 40 attributes of 10 values: 2^40 subsets of the full table would not fit in memory
-    full = ms.MarginalStrategy([10] * 40, "marginals", [tuple(range(40))], [1.0], name="identity")
+    full = ms.MarginalMatrix([10] * 40, "marginals", [tuple(range(40))], [1.0])
     assert full.rank == 10**40 and full.eigenvalue(0b101) == pytest.approx(1e-40, rel=1e-15)

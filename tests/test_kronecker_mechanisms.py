@@ -115,3 +115,22 @@ def test_a_non_kronecker_workload_too_large_for_dense_is_refused_with_its_reason
     w = parse_workload("prefix:20000")
     with pytest.raises(MechanismError, match="not a single Kronecker product"):
         make_mechanism("identity").fit(w, PRIVACIES["pure"])
+
+
+def test_a_given_kronecker_strategy_answers_by_least_squares_and_refuses_nnls():
+    """A Strategy whose A is a KronMatrix fits and answers through its factors; NNLS inference, which needs
+    the dense A, says so instead of forming it."""
+    from dpopt.kron_strategy import KronMatrix
+    from dpopt.mechanisms.matrix import MatrixMechanism
+    from dpopt.strategy import Strategy
+    from dpopt.workloads import Identity, Kron, Prefix
+
+    S = Strategy(KronMatrix([np.eye(3), np.eye(2)]), name="identity(x)identity")
+    W = Kron([Prefix(3), Identity(2)])
+    ls = MatrixMechanism(S).fit(W, PRIVACIES["pure"])
+    # identity measurements: the error is 2/eps^2 per unit of ||W||_F^2 = (1 + 2 + 3) * 2 = 12 exactly
+    assert ls.strategy_.factored and ls.expected_error_.total == pytest.approx(2.0 * 12, rel=1e-12)
+    assert ls.answer(np.ones(6), np.random.default_rng(0)).shape == (6,)
+    nnls = MatrixMechanism(S, inference="nnls").fit(W, PRIVACIES["pure"])
+    with pytest.raises(MechanismError, match="NNLS inference needs the dense strategy"):
+        nnls.answer(np.ones(6), np.random.default_rng(0))

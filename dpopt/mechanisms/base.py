@@ -22,7 +22,7 @@ from dpopt.baselines import baseline_strategies
 from dpopt.bounds import svd_bound
 from dpopt.data import Records
 from dpopt.error import ErrorReport, expected_error
-from dpopt.kron_strategy import KronStrategy
+from dpopt.kron_strategy import KronMatrix
 from dpopt.privacy import Perturb, Privacy, research_perturb
 from dpopt.solvers.result import MIN_SOLVER_SECONDS, Selection
 from dpopt.strategy import Strategy, StrategyError
@@ -335,7 +335,7 @@ class Mechanism(ABC):
             subs.append(sub)
         names = ",".join(s.strategy_.name for s in subs)
         try:
-            strategy = KronStrategy([s.strategy_ for s in subs], name=f"kron({names})")
+            strategy = Strategy(KronMatrix([s.strategy_ for s in subs]), name=f"kron({names})")
         except ValueError as exc:
             raise MechanismError(f"{self.short_name}: no Kronecker form of the factors' strategies: {exc}") from None
         try:

@@ -16,7 +16,7 @@ from dpopt.hdmm import select_strategy
 from dpopt.mechanisms.base import FitInfo, Mechanism, MechanismError, Selection, current_budget
 from dpopt.privacy import Privacy
 from dpopt.solvers.result import TIME_LIMIT
-from dpopt.union_strategy import UnionKronStrategy
+from dpopt.union_strategy import UnionKronMatrix
 from dpopt.workloads import (
     Kron,
     Marginals,
@@ -55,7 +55,7 @@ class HDMMMechanism(Mechanism):
     def _select(self, workload: Workload, privacy: Privacy) -> Selection:
         """The dense form of the selected strategy (small domains; `fit` never needs it)."""
         sel = select_strategy(workload, privacy, **self._budget_options(time.perf_counter()))
-        if isinstance(sel.strategy, UnionKronStrategy):
+        if isinstance(sel.strategy.A, UnionKronMatrix):
             raise MechanismError(f"{self.short_name}: a union of Kronecker parts has no single dense A here")
         return Selection(strategy=sel.strategy.to_dense(), solver=sel.solver, status=_fit_status(sel.status))
 

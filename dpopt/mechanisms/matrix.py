@@ -52,7 +52,7 @@ from dpopt.mechanisms.convergence import check_policy, solver_status
 from dpopt.privacy import Privacy
 from dpopt.solvers.marginal_opt import residual_planner
 from dpopt.solvers.result import CONVERGED, MAX_ITER, STALLED, SolverResult, relative_gap
-from dpopt.strategy import RANK_RTOL, Strategy
+from dpopt.strategy import RANK_RTOL, Strategy, StrategyError
 from dpopt.validation import check_choice, check_finite_vector
 from dpopt.workloads import Marginals, Workload, kron_form
 
@@ -422,7 +422,10 @@ class MatrixMechanism(Mechanism):
         if not isinstance(rng, np.random.Generator):
             raise MechanismError(f"{self.short_name}: rng must be a numpy.random.Generator (research mode)")
         x = check_finite_vector(x, "data vector x", self.workload_.n)
-        A = self.strategy_.A
+        try:
+            A = self.strategy_.matrix()
+        except StrategyError as exc:
+            raise MechanismError(f"{self.short_name}: NNLS inference needs the dense strategy: {exc}") from None
         sens = self.strategy_.sensitivity(self.privacy_.norm)
         y = np.asarray(A @ x).ravel() + self.privacy_.sample_noise(sens, self.strategy_.shape[0], rng)
         x_hat, resid = nnls_estimate(A, y)

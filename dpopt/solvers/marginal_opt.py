@@ -19,14 +19,15 @@ from typing import Any
 import numpy as np
 
 from dpopt.linalg import attrs_of, superset_incidence
-from dpopt.marginal_strategy import MarginalStrategy
+from dpopt.marginal_strategy import MarginalMatrix
 from dpopt.solvers.lbfgs import LbfgsMonitor, lbfgs_status, minimize_lbfgs
 from dpopt.solvers.result import SolverResult
+from dpopt.strategy import Strategy
 from dpopt.validation import as_generator
 from dpopt.workloads import Marginals
 
 
-def residual_planner(workload: Marginals) -> tuple[MarginalStrategy, float]:
+def residual_planner(workload: Marginals) -> tuple[Strategy, float]:
     """ResidualPlanner's optimal (eps, delta) strategy for weighted marginals (Xiao et al. 2023), closed form.
 
     Returns (strategy with sens2 = 1, its unit error trace(W^T W X^+) = SVDB(W)).
@@ -39,7 +40,7 @@ def residual_planner(workload: Marginals) -> tuple[MarginalStrategy, float]:
     # x_A / N = sqrt(c_A / N) / s with s = sum_B r_B sqrt(c_B / N); then sum_A r_A x_A / N = 1.
     x = np.sqrt(c[live]) / s
     subsets = [a for a, keep in zip(map(attrs_of, workload.closure), live, strict=True) if keep]
-    strat = MarginalStrategy(workload.domain_sizes, "residual", subsets, x, name="residual-planner")
+    strat = Strategy(MarginalMatrix(workload.domain_sizes, "residual", subsets, x), name="residual-planner")
     return strat, s * s
 
 
@@ -61,18 +62,18 @@ def candidate_marginals(workload: Marginals, candidates: str | Sequence[Sequence
     return masks
 
 
-def marginal_baselines(workload: Marginals) -> dict[str, MarginalStrategy]:
+def marginal_baselines(workload: Marginals) -> dict[str, Strategy]:
     """The eps-DP baselines in the marginal template: the full table (noise on data) and the workload itself."""
     sizes = workload.domain_sizes
     every = [tuple(range(len(sizes)))]
     own = [attrs_of(S) for S in workload.masks]
     return {
-        "identity": MarginalStrategy(sizes, "marginals", every, [1.0], name="identity"),
-        "laplace": MarginalStrategy(sizes, "marginals", own, workload.weights, name="noise on queries"),
+        "identity": Strategy(MarginalMatrix(sizes, "marginals", every, [1.0]), name="identity"),
+        "laplace": Strategy(MarginalMatrix(sizes, "marginals", own, workload.weights), name="noise on queries"),
     }
 
 
-def laplace_marginal_error(strategy: MarginalStrategy, workload: Marginals) -> float:
+def laplace_marginal_error(strategy: Strategy, workload: Marginals) -> float:
     """sens1^2 trace(W^T W X^+) of a marginal-template strategy: its eps-DP error up to 2/eps^2."""
     return strategy.unit_error(workload) * strategy.sens1**2
 
@@ -85,7 +86,7 @@ def optimize_marginals_laplace(
     max_iter: int = 5000,
     deadline: float | None = None,
     progress: Callable[[dict[str, Any]], None] | None = None,
-) -> tuple[MarginalStrategy, SolverResult]:
+) -> tuple[Strategy, SolverResult]:
     """HDMM OPT_M for eps-DP: weights theta_T > 0 on candidate marginals minimising
     (sum_T theta_T)^2 * sum_A c_A r_A / x_A,  x_A = sum_{T superset of A} theta_T^2 N_{-T}  (sens1 = sum theta)
     (computed with c_A / N and x_A / N = sum_T theta_T^2 / N_T).
@@ -149,7 +150,7 @@ def optimize_marginals_laplace(
     theta = np.exp(best.x - best.x.max())
     theta = theta / theta.sum()
     subsets = [attrs_of(T) for T in cols]
-    strat = MarginalStrategy(sizes, "marginals", subsets, theta, name="hdmm-marginals")
+    strat = Strategy(MarginalMatrix(sizes, "marginals", subsets, theta), name="hdmm-marginals")
     status = lbfgs_status(capped, best.success, best.nit, max_iter)
     skipped = f" ({len(starts) - runs} skipped at the time limit)" if runs < len(starts) else ""
     message = f"best of {runs} L-BFGS starts{skipped}: {best.message}"
