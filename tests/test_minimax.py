@@ -195,3 +195,33 @@ def test_marginals_use_the_matrix_form_and_inputs_are_validated():
         solve_minimax(w, -np.ones(w.m))
     with pytest.raises(ValueError):
         solve_minimax(w, np.ones(w.m + 1))
+
+
+@pytest.mark.parametrize(("limit", "newton"), [(45.0, False), (145.0, True)])
+def test_no_unit_of_work_starts_that_would_end_past_the_time_limit(monkeypatch, limit, newton):
+    """On a clock that advances only by the work done (every inner solve and every joint point costs 10 s),
+    the solve stops with TIME_LIMIT at or before its limit: a unit starts only when its last cost still fits
+    (before, a 45 s solve started its fifth inner solve at 40 s and ended at 50 s). At 145 s it gets to the
+    Newton ascents and their trials. No real time is measured."""
+    import time
+
+    import dpopt.solvers.minimax as mm
+    import dpopt.solvers.minimax_newton as mn
+
+    clock = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+
+    def costly(fn):
+        def run(*args, **kwargs):
+            out = fn(*args, **kwargs)
+            clock[0] += 10.0
+            return out
+        return run
+
+    monkeypatch.setattr(mm, "solve_convex_dp", costly(mm.solve_convex_dp))
+    monkeypatch.setattr(mm, "JointPoint", costly(mm.JointPoint))
+    monkeypatch.setattr(mn, "JointPoint", costly(mn.JointPoint))
+    # tol below round-off: the solve can only stop by its time limit
+    r = solve_minimax(Prefix(16), tol=1e-15, time_limit=limit, transpose=False)
+    assert r.status == "time_limit" and "would end past it" in r.message
+    assert clock[0] <= limit and r.extra["inner_solves"] >= 2 and (r.extra["newton_trials"] > 0) == newton

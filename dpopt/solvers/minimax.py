@@ -90,6 +90,7 @@ from dpopt.solvers.result import (
     CONVERGED,
     MAX_ITER,
     STALLED,
+    TIME_LIMIT,
     SolverResult,
     relative_gap,
     stop_rule,
@@ -288,7 +289,8 @@ def solve_minimax(
     workload: a dpopt Workload (range families are never materialised) or the query matrix W (m x n).
     targets: c (m,) > 0 or one number (c = 1: the plain minimax variance).
     tol: relative gap (upper - lower) / upper at which the solver stops with CONVERGED.
-    max_iter / time_limit: outer iterations / wall seconds (statuses MAX_ITER / TIME_LIMIT).
+    max_iter / time_limit: outer iterations / wall seconds (statuses MAX_ITER / TIME_LIMIT); no inner solve
+        or joint point starts that would end past time_limit at its last measured cost.
     inner_tol: the tightest relative gap asked of an inner sum solve (default 1e-12); the gap asked
         follows the outer gap (`_INNER_GAP_FACTOR`): a fixed 1e-8 slowed Prefix(16) from 15 to 687
         iterations, a fixed 1e-12 spends most inner Newton steps below the round-off floor.
@@ -336,7 +338,17 @@ def solve_minimax(
     U = row_space_basis(rows, c)
     rank_w = rows.n if U is None else U.shape[1]
 
+    # Wall seconds of the last inner solve and of the last joint point: no unit of work starts that would end
+    # past the deadline at that cost (at n = 4096 either takes 30 to 200 s; a TIME_LIMIT solve used to end up
+    # to one iteration late: Width32(4096) at 5672 s of a 5400 s budget).
+    cost = {"inner": 0.0, "point": 0.0}
+    deadline = None if time_limit is None else t_wall + time_limit  # a time.perf_counter() value
+
+    def fits(*units: str) -> bool:
+        return deadline is None or time.perf_counter() + sum(cost[k] for k in units) <= deadline
+
     def inner(u: np.ndarray, d: np.ndarray | None, gap_asked: float) -> tuple[SolverResult, np.ndarray, np.ndarray]:
+        t_start = time.perf_counter()
         G = rows.gram(u / c)
         if d is not None:
             d = np.maximum(d, 1e-14 * d.max())
@@ -344,7 +356,9 @@ def solve_minimax(
         res = solve_convex_dp(G, tol=gap_asked, x0=d, time_limit=remaining)
         # X and best_X below are k x k triangular factors R (strategy Gram U R^T R U^T).
         R = strategy_factor(res, U)
-        return res, R, factor_variances(rows, R, U) / c
+        out = res, R, factor_variances(rows, R, U) / c
+        cost["inner"] = time.perf_counter() - t_start
+        return out
 
     u = np.full(rows.m, 1.0 / rows.m)
     res, X, g = inner(u, None, _INNER_TOL_MAX)
@@ -354,10 +368,9 @@ def solve_minimax(
     p = float(step)
     damping, n_newton, newton_target, upper_stuck = _NEWTON_DAMPING, 0, 0.1 * tol, False
     start: tuple[Any, ...] | None = None  # the iterate at which the first Newton ascent began
-    deadline = None if time_limit is None else t_wall + time_limit  # a time.perf_counter() value
 
-    def out_of_time() -> bool:
-        return deadline is not None and time.perf_counter() > deadline
+    def leaving(*units: str) -> float | None:  # the deadline for trials that must leave room for these units
+        return None if deadline is None else deadline - sum(cost[k] for k in units)
     history: list[dict[str, float]] = []
     status, message, nit = MAX_ITER, f"reached max_iter = {max_iter}", 0
 
@@ -395,23 +408,25 @@ def solve_minimax(
             break
         gap_asked = min(_INNER_TOL_MAX, max(inner_tol, _INNER_GAP_FACTOR * gap * gap))
         accepted = False
-        if gap < newton_gap:  # Newton on the joint dual (minimax_newton), then one certifying inner solve
+        if gap < newton_gap and fits("point", "inner"):  # Newton on the joint dual, then a certifying inner solve
             d_now = res.extra["d"] / float(res.extra["d"].sum())
+            t_point = time.perf_counter()
             try:
                 point = JointPoint(rows, c, U, u, np.maximum(d_now, 1e-14 * d_now.max()))
             except np.linalg.LinAlgError:
                 point = None
+            cost["point"] = time.perf_counter() - t_point
             if point is not None and upper_stuck:
                 # Once certifying an ascent's end moved neither bound: one Newton step per outer iteration,
                 # each trial step an inner solve (WRange(16, 64) stalled at 3.3e-3 with ascents alone).
                 accepted, damping, tried = newton_step(
                     point, min(0.1, math.sqrt(gap)), _NEWTON_MAX_CG, damping, _NEWTON_DAMPING_MAX, _NEWTON_FLOOR,
-                    functools.partial(trial, slack=max(_ASCENT_RTOL, gap_asked)), deadline)
+                    functools.partial(trial, slack=max(_ASCENT_RTOL, gap_asked)), leaving("inner"))
                 n_newton, accepted = n_newton + tried, bool(accepted)
             elif point is not None:
                 moved, damping, trials = newton_ascent(
                     point, newton_target, _NEWTON_MAX_STEPS, _NEWTON_MAX_CG, damping, _NEWTON_DAMPING_MAX,
-                    _NEWTON_FLOOR, deadline)
+                    _NEWTON_FLOOR, leaving("point", "inner"))
                 n_newton += trials
                 if moved is not point:  # floored: exponentiated gradient cannot revive a weight at exactly 0
                     u_new = np.maximum(moved.u, 1e-12 * moved.u.max())  # (WidthK(16, 4) stalled at 3.9e-3 without)
@@ -429,8 +444,8 @@ def solve_minimax(
             log_u = np.log(u)
         ascent = g / float(u @ g) - 1.0
         for _ in range(40):
-            if out_of_time():
-                break  # stop_rule reports TIME_LIMIT (each trial is an inner solve, at least one eigh)
+            if not fits("inner"):
+                break
             z = log_u + np.minimum(p * ascent, _MAX_EXPONENT)
             u_new = np.exp(z - z.max())
             if trial(u_new / u_new.sum(), res.extra["d"]):
@@ -438,8 +453,10 @@ def solve_minimax(
                 accepted = True
                 break
             p /= 2.0
-        if not accepted and out_of_time():
-            continue
+        if not accepted and not fits("inner"):
+            status = TIME_LIMIT
+            message = f"time limit {time_limit:g} s: an inner solve (last {cost['inner']:.3g} s) would end past it"
+            break
         if not accepted or p < _MIN_STEP:
             status, message = STALLED, f"no ascent step found at gap {gap:.2e} (step {p:.1e})"
             break
