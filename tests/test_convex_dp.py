@@ -404,3 +404,26 @@ def test_invalid_options_raise() -> None:
         convex_dp_dual_bound(G, -np.ones(5))
     with pytest.raises(ValueError, match="shape"):
         convex_dp_dual_bound(G, np.ones(4))
+
+
+def test_no_iteration_starts_that_would_end_past_the_time_limit(monkeypatch):
+    """On a clock that advances only by the work done (10 s per Newton direction, one per iteration), a 45 s
+    limit stops with TIME_LIMIT at 40 s: an iteration starts only when one as long as the last still ends
+    within the limit (before, the fifth began at 40 s and the solve ended at 50 s). No real time is measured."""
+    import time
+
+    import dpopt.solvers.convex_dp_dual as cdd
+    from dpopt.workloads import WRange
+
+    clock = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    direction = cdd.ConvexDPDual.newton_direction
+
+    def costly(self, *args, **kwargs):
+        clock[0] += 10.0
+        return direction(self, *args, **kwargs)
+
+    monkeypatch.setattr(cdd.ConvexDPDual, "newton_direction", costly)
+    # tol below round-off: the solve can only stop by its time limit
+    res = solve_convex_dp(WRange(16, 64, seed=1).gram(), tol=1e-16, time_limit=45.0)
+    assert res.status == "time_limit" and clock[0] <= 45.0 and res.nit >= 3

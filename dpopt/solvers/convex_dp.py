@@ -129,7 +129,8 @@ def solve_convex_dp(
         to unit diagonal for "primal"; d0 = diag(G^{1/2})^2 for "dual", see `svdb_multipliers`).
     callback : called once per iteration with a dict (nit, fun, dual_bound, gap, and d or X); returning
         True stops the solver (status STALLED, message "stopped by callback").
-    time_limit : wall-clock seconds after which the solver stops with TIME_LIMIT.
+    time_limit : wall-clock seconds within which the solver stops with TIME_LIMIT: an iteration starts only
+        when one as long as the last still ends within it.
     rank_tol : eigenvalues of G below rank_tol * largest are treated as zero.
     theta : "primal" only, regularisation G + theta * mean(diag G) * I applied when G is singular.
     active_tol : "dual" only, relative size below which a multiplier may be frozen at zero.
