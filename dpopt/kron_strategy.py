@@ -90,11 +90,6 @@ class KronMatrix(StructuredMatrix):
         return [Strategy(M, name=f"factor {i}") for i, M in enumerate(self.factors)]
 
     @property
-    def factor_grams(self) -> list[np.ndarray]:
-        """X_i = A_i^T A_i (n_i x n_i)."""
-        return [np.asarray(s.gram, dtype=float) for s in self._parts]
-
-    @property
     def _factor_eigs(self) -> list[tuple[np.ndarray, np.ndarray]]:
         """Eigenvalues (cut to 0 below RANK_RTOL * max) and eigenvectors of every X_i."""
         return [s._gram_eig for s in self._parts]

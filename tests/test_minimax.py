@@ -223,5 +223,5 @@ def test_no_unit_of_work_starts_that_would_end_past_the_time_limit(monkeypatch, 
     monkeypatch.setattr(mn, "JointPoint", costly(mn.JointPoint))
     # tol below round-off: the solve can only stop by its time limit
     r = solve_minimax(Prefix(16), tol=1e-15, time_limit=limit, transpose=False)
-    assert r.status == "time_limit" and "would end past it" in r.message
+    assert r.status == "time_limit"
     assert clock[0] <= limit and r.extra["inner_solves"] >= 2 and (r.extra["newton_trials"] > 0) == newton
