@@ -32,13 +32,7 @@ import scipy.linalg as sla
 from dpopt.linalg import svdb_strategy_gram
 from dpopt.solvers.convex_dp_core import certified_status, dual_bound_from_factor
 from dpopt.solvers.diag_dual_newton import pcg
-from dpopt.solvers.result import (
-    MAX_ITER,
-    STALLED,
-    SolverResult,
-    relative_gap,
-    stop_rule,
-)
+from dpopt.solvers.result import MAX_ITER, STALLED, SolverResult, lap_timer, relative_gap, stop_rule
 
 _ARMIJO = 1e-4
 _MAX_BACKTRACK = 50
@@ -143,10 +137,9 @@ def solve_primal(
     history: list[dict[str, float]] = []
     ninner, status, message, nit = 0, MAX_ITER, f"reached max_iter = {max_iter}", 0
     grad0 = None
-    last, t_iter = 0.0, time.perf_counter()  # wall seconds of the last iteration, and when this one began
+    lap = lap_timer()
     for nit in range(max_iter + 1):
-        now = time.perf_counter()
-        last, t_iter = (now - t_iter if nit else 0.0), now
+        last = lap()  # the length of the last iteration
         if singular:
             R = sla.solve_triangular(model.L, V.T, lower=True, check_finite=False)
             f_true = float(np.einsum("ij,ij->", R, R))

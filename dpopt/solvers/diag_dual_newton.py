@@ -27,7 +27,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from dpopt.solvers.convex_dp_core import certified_status
-from dpopt.solvers.result import MAX_ITER, STALLED, SolverResult, relative_gap, stop_rule
+from dpopt.solvers.result import MAX_ITER, STALLED, SolverResult, lap_timer, relative_gap, stop_rule
 
 _ARMIJO = 1e-4
 _MAX_BACKTRACK = 30
@@ -191,10 +191,9 @@ def maximise_dual(
     check_below = 10.0 * np.sqrt(tol)  # near the end, also build the problem's better primal points
     history: list[dict[str, float]] = []
     ninner, status, message, nit = 0, MAX_ITER, f"reached max_iter = {max_iter}", 0
-    last, t_iter = 0.0, time.perf_counter()  # wall seconds of the last iteration, and when this one began
+    lap = lap_timer()
     for nit in range(max_iter + 1):
-        now = time.perf_counter()
-        last, t_iter = (now - t_iter if nit else 0.0), now
+        last = lap()  # the length of the last iteration
         point = problem.rescale(point, point.phi / float(point.d.sum()))
         phi, m = point.phi, float(point.x.max())
         if phi > best_dual:  # after rescaling, the dual bound phi^2 / sum(d) equals phi

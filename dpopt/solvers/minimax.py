@@ -343,8 +343,11 @@ def solve_minimax(
     cost = {"inner": 0.0, "point": 0.0}
     deadline = None if time_limit is None else t_wall + time_limit  # a time.perf_counter() value
 
+    def leaving(*units: str) -> float | None:  # the deadline for work that must leave room for these units
+        return None if deadline is None else deadline - sum(cost[k] for k in units)
+
     def fits(*units: str) -> bool:
-        return deadline is None or time.perf_counter() + sum(cost[k] for k in units) <= deadline
+        return deadline is None or time.perf_counter() <= leaving(*units)  # type: ignore[operator]
 
     def inner(u: np.ndarray, d: np.ndarray | None, gap_asked: float) -> tuple[SolverResult, np.ndarray, np.ndarray]:
         t_start = time.perf_counter()
@@ -367,9 +370,6 @@ def solve_minimax(
     p = float(step)
     damping, n_newton, newton_target, upper_stuck = _NEWTON_DAMPING, 0, 0.1 * tol, False
     start: tuple[Any, ...] | None = None  # the iterate at which the first Newton ascent began
-
-    def leaving(*units: str) -> float | None:  # the deadline for trials that must leave room for these units
-        return None if deadline is None else deadline - sum(cost[k] for k in units)
     history: list[dict[str, float]] = []
     status, message, nit = MAX_ITER, f"reached max_iter = {max_iter}", 0
 

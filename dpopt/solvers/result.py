@@ -4,6 +4,7 @@ scipy.optimize.OptimizeResult), and `Selection`, what every strategy selection r
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -96,6 +97,18 @@ class SolverResult:
 def relative_gap(primal: float, dual: float) -> float:
     """Relative duality gap (primal - dual) / max(|primal|, tiny)."""
     return float((primal - dual) / max(abs(primal), np.finfo(float).tiny))
+
+
+def lap_timer() -> Callable[[], float]:
+    """lap() gives the wall seconds since its previous call (0 at the first): the last iteration's length, added
+    to the elapsed time so that stop_rule stops before an iteration as long as it would end past the limit."""
+    marks: list[float] = []
+
+    def lap() -> float:
+        marks[:] = marks[-1:] + [time.perf_counter()]  # the previous call's time and this one's
+        return marks[1] - marks[0] if len(marks) == 2 else 0.0
+
+    return lap
 
 
 def stop_rule(
