@@ -159,16 +159,19 @@ def run_once(solver: str, workload: str, n: int, tol: float, budget: float, thre
     return row
 
 
-def measure(solver: str, workload: str, n: int, tol: float, budget: float, threads: int = 1) -> dict:
-    """Median of 3 runs at n <= REPEAT_MAX_N (1 run above, or when the first run failed)."""
+def measure(solver: str, workload: str, n: int, tol: float, budget: float, threads: int = 1,
+            repeats: int | None = None) -> dict:
+    """Median of `repeats` runs (default 3 at n <= REPEAT_MAX_N, 1 above; 1 when the first run failed)."""
     first = run_once(solver, workload, n, tol, budget, threads)
-    repeats = 3 if n <= REPEAT_MAX_N and "cpu_s" in first else 1
+    repeats = (3 if n <= REPEAT_MAX_N else 1) if repeats is None else repeats
+    repeats = repeats if "cpu_s" in first else 1
     rows = [first] + [run_once(solver, workload, n, tol, budget, threads) for _ in range(repeats - 1)]
     rows = [r for r in rows if "cpu_s" in r] or [first]
     med = dict(rows[0])
     for key in ("wall_s", "cpu_s", "peak_mb", "growth_n2"):
         if key in med:
             med[key] = float(np.median([r[key] for r in rows]))
+            med[f"{key}_runs"] = " ".join(f"{r[key]:.0f}" for r in rows)
     med["runs"] = len(rows)
     print(json.dumps({k: med.get(k) for k in ("solver", "workload", "n", "threads", "status", "wall_s", "cpu_s",
                                                 "gap", "fun", "peak_mb", "eigh", "svd")}), flush=True)
@@ -241,8 +244,8 @@ def conic_table(df: pd.DataFrame) -> list[str]:
 def large_table(df: pd.DataFrame) -> list[str]:
     """ours only: status, certified gap, wall and CPU seconds, peak memory and decompositions per (workload, n)."""
     lines = ["| workload | n | threads | status | gap | wall s | cpu s | peak MB | growth / n^2 doubles | eigh | svd "
-             "| nit | CG steps | certificate | runs |",
-             "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+             "| nit | CG steps | certificate | runs | wall s of each run |",
+             "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|"]
     for _, r in df.iterrows():
         r = r.to_dict()
         lines.append(
@@ -250,19 +253,21 @@ def large_table(df: pd.DataFrame) -> list[str]:
             f"| {_fmt(r.get('wall_s'), '.0f')} | {_fmt(r.get('cpu_s'), '.0f')} | {_fmt(r.get('peak_mb'), '.0f')} "
             f"| {_fmt(r.get('growth_n2'), '.1f')} | {_fmt(r.get('eigh'), '.0f')} | {_fmt(r.get('svd'), '.0f')} "
             f"| {_fmt(r.get('nit'), '.0f')} | {_fmt(r.get('ninner'), '.0f')} | {r.get('certificate', '-')} "
-            f"| {_fmt(r.get('runs'), '.0f')} |")
+            f"| {_fmt(r.get('runs'), '.0f')} | {r.get('wall_s_runs', '-')} |")
     return lines
 
 
 def large_run(workloads: list[str], sizes: list[int], args: argparse.Namespace, argv: list[str] | None) -> None:
     """--large: ours at each (workload, n), written as benchmarks/results/<out>.{csv,md} with `large_table`."""
     print(f"per-iteration progress of each run: tail -f {PROGRESS}", flush=True)
-    rows = [measure("ours", w, n, args.tol, args.budget, args.threads) for w in workloads for n in sizes]
+    rows = [measure("ours", w, n, args.tol, args.budget, args.threads, args.repeats)
+            for w in workloads for n in sizes]
     df = pd.DataFrame(rows)
     stem = args.out or "convex_dp_large"
     RESULTS.mkdir(parents=True, exist_ok=True)
     df.to_csv(RESULTS / f"{stem}.csv", index=False)
-    runs = "median of 3 runs at n <= 512, 1 run above" if min(sizes) <= REPEAT_MAX_N else "one run each"
+    runs = (f"median of {args.repeats} runs each" if args.repeats else
+            "median of 3 runs at n <= 512, 1 run above" if min(sizes) <= REPEAT_MAX_N else "one run each")
     md = [
         "# (eps, delta) solver at large n: certified dual Newton", "",
         f"Command: `.venv/bin/python -m benchmarks.bench_convex_dp_scaling {' '.join(argv or sys.argv[1:])}`. "
@@ -293,9 +298,13 @@ def main(argv: list[str] | None = None) -> None:
                     "convex_dp_scaling, or convex_dp_scaling_quick with --quick)")
     ap.add_argument("--threads", type=int, default=1, help="BLAS threads per run (threadpoolctl and environment)")
     ap.add_argument("--large", action="store_true", help="ours only, one compact table (no paper, no conic)")
+    ap.add_argument("--repeats", type=int, default=None, help="runs per (workload, n) with --large, median "
+                    "reported (default 3 at n <= 512, 1 above)")
     ap.add_argument("--note", default="", help="sentence added to the table header (e.g. other load on the machine)")
     ap.add_argument("--child", nargs=4, metavar=("SOLVER", "WORKLOAD", "N", "TOL"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.repeats is not None and args.repeats < 1:
+        ap.error(f"--repeats must be at least 1, got {args.repeats}")
     if args.child:
         _exec_with_threads(args.threads, sys.argv[1:] if argv is None else argv)
         s, w, n, tol = args.child
