@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 import scipy.linalg as sla
-import scipy.sparse as sp
 
 from dpopt.linalg import row_sq_norms
 from dpopt.privacy import Privacy
@@ -118,25 +117,12 @@ def expected_error(
 
 
 def noisy_answers(
-    strategy: Strategy,
-    workload: Workload,
-    privacy: Privacy,
-    x: np.ndarray,
-    rng: np.random.Generator,
-    trials: int = 1,
-    B: np.ndarray | sp.spmatrix | None = None,
+    strategy: Strategy, workload: Workload, privacy: Privacy, x: np.ndarray, rng: np.random.Generator, trials: int = 1,
 ) -> np.ndarray:
-    """Research-mode answers B (A x + z), z ~ Laplace/Gaussian from `rng`; shape (trials, m).
-
-    B defaults to `strategy.reconstruct(workload)`; pass it when answering repeatedly.
-    """
-    if B is None:
-        B = strategy.reconstruct(workload)
+    """Research-mode answers B (A x + z) (`Strategy.answers`), z ~ Laplace/Gaussian from `rng`; shape (trials, m)."""
     r = strategy.shape[0]
-    sens = strategy.sensitivity(privacy.norm)
-    z = privacy.sample_noise(sens, trials * r, rng).reshape(trials, r)
-    y = np.asarray(strategy.A @ x)[None, :] + z
-    return np.asarray((B @ y.T).T)
+    z = privacy.sample_noise(strategy.sensitivity(privacy.norm), trials * r, rng).reshape(trials, r)
+    return strategy.answers(strategy.measured(x)[None, :] + z, workload)
 
 
 def monte_carlo_error(
@@ -157,9 +143,8 @@ def monte_carlo_error(
     workload = as_workload(workload)
     strategy.check_supports(workload, rtol)
     x = check_finite_vector(x, "data vector x", workload.n)
-    B = strategy.reconstruct(workload)
     return monte_carlo_total(
-        lambda k: noisy_answers(strategy, workload, privacy, x, rng, k, B=B), workload.sparse() @ x, trials, batch
+        lambda k: noisy_answers(strategy, workload, privacy, x, rng, k), workload.matvec(x), trials, batch
     )
 
 

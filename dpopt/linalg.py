@@ -35,6 +35,14 @@ import scipy.sparse as sp
 Matrix = np.ndarray | sp.spmatrix
 
 
+def operand(v: np.ndarray, n: int) -> np.ndarray:
+    """v as a float array of shape (n,) or (n, k): the right operand of an n-column linear map."""
+    v = np.asarray(v, dtype=float)
+    if v.ndim not in (1, 2) or v.shape[0] != n:
+        raise ValueError(f"vector has shape {v.shape}; expected ({n},) or ({n}, k)")
+    return v
+
+
 def kron_matvec(factors: Sequence[Matrix], v: np.ndarray) -> np.ndarray:
     """(M_1 (x) ... (x) M_d) v through the factors (M_i is r_i x n_i).
 
@@ -44,10 +52,7 @@ def kron_matvec(factors: Sequence[Matrix], v: np.ndarray) -> np.ndarray:
     if len(factors) == 0:
         raise ValueError("kron_matvec needs at least one factor")
     ns = [int(M.shape[1]) for M in factors]
-    n = math.prod(ns)
-    v = np.asarray(v, dtype=float)
-    if v.ndim not in (1, 2) or v.shape[0] != n:
-        raise ValueError(f"vector has shape {v.shape}; expected ({n},) or ({n}, k) for factor sizes {ns}")
+    v = operand(v, math.prod(ns))
     k = 1 if v.ndim == 1 else v.shape[1]
     T = v.reshape(*ns, k)
     for i, M in enumerate(factors):

@@ -375,19 +375,27 @@ class Strategy:
         self, x: np.ndarray | Records, privacy: Privacy, rng: np.random.Generator | None = None,
         workload: Workload | None = None, *, perturb: Perturb | None = None,
     ) -> np.ndarray:
-        """B y for the workload's reconstruction B (`reconstruct`, kept for the last workload asked, or through A's
-        factors), or the least-squares data estimate A^+ y when no workload is given; y and its noise as in
-        `measure`."""
-        y = self.measure(x, privacy, rng, perturb=perturb)
+        """`answers` of the noisy measurements y of `measure`."""
+        return self.answers(self.measure(x, privacy, rng, perturb=perturb), workload)
+
+    def answers(self, y: np.ndarray, workload: Workload | None = None) -> np.ndarray:
+        """B y for measurements y (r,), or each row of a batch y (k, r): the workload's reconstruction B
+        (`reconstruct`, kept for the last workload asked, or through A's factors), or the least-squares data
+        estimate A^+ y when no workload is given."""
+        y = np.asarray(y, dtype=float)
+        if y.ndim not in (1, 2) or y.shape[-1] != self.shape[0]:
+            raise StrategyError(f"measurements have shape {y.shape}; expected ({self.shape[0]},) or (k, "
+                                f"{self.shape[0]}) for strategy {self.name}")
         if isinstance(self.A, StructuredMatrix):
-            return self.A.answers(y, workload)
+            one = self.A.answers
+            return one(y, workload) if y.ndim == 1 else np.stack([one(row, workload) for row in y])
         if workload is None:
             if self.B is not None:
                 raise StrategyError(f"strategy {self.name} answers through its B; give the workload it answers")
-            return self.pinv() @ y
+            return np.asarray((self.pinv() @ y.T).T)
         if self._kept[0] is not workload:
             self._kept = (workload, self.reconstruct(workload))
-        return np.asarray(self._kept[1] @ y, dtype=float).ravel()
+        return np.asarray((self._kept[1] @ y.T).T, dtype=float)
 
     def to_dense(self) -> Strategy:
         """The strategy with A formed as a sparse matrix (small domains only), for cross-checks; itself if dense."""

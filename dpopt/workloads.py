@@ -22,7 +22,7 @@ from typing import ClassVar
 import numpy as np
 import scipy.sparse as sp
 
-from dpopt.linalg import down_closure, eigen_weights, kron_matvec, mask_of, residual_rank
+from dpopt.linalg import down_closure, eigen_weights, kron_matvec, mask_of, operand, residual_rank
 from dpopt.validation import as_generator, check_finite_matrix, check_gram, check_positive_int
 
 # Dense matrices larger than this many entries are refused (8 bytes each: 2 GB).
@@ -112,6 +112,14 @@ class Workload(ABC):
         """W^T W = sum_k a_k (x)_i G_ki as [(a_k, [G_k1, ..., G_kd])]; a plain workload is one term [(1, [W^T W])]."""
         self._check_unscaled()
         return [(1.0, [np.asarray(self.gram(), dtype=float)])]
+
+    def matvec(self, x: np.ndarray) -> np.ndarray:
+        """W x for x of shape (n,) or (n, k), by the sparse rows (the structured forms go through their factors)."""
+        return np.asarray(self.sparse() @ operand(x, self.n))
+
+    def rmatvec(self, y: np.ndarray) -> np.ndarray:
+        """W^T y for y of shape (m,) or (m, k), by the sparse rows (the structured forms go through their factors)."""
+        return np.asarray(self.sparse().T @ operand(y, self.m))
 
     def gram_matvec(self, v: np.ndarray) -> np.ndarray:
         """W^T W v through the Kronecker terms; v has shape (n,) or (n, k)."""
@@ -535,8 +543,12 @@ class Kron(Workload):
         return math.prod(bounds) * max(0.0, 1.0 - len(bounds) * EPS)
 
     def matvec(self, x: np.ndarray) -> np.ndarray:
-        """W x through the factors (x of n entries); the result has m entries."""
+        """W x = ((x)_i W_i) x through the factors."""
         return kron_matvec([f.sparse() for f in self.factors], x)
+
+    def rmatvec(self, y: np.ndarray) -> np.ndarray:
+        """W^T y = ((x)_i W_i^T) y through the factors."""
+        return kron_matvec([f.sparse().T for f in self.factors], y)
 
     def row_labels(self) -> list[str]:
         if self._labels is not None:
@@ -625,19 +637,19 @@ class Stack(Workload):
         return parts, "sum of part svd bounds"
 
     def matvec(self, x: np.ndarray) -> np.ndarray:
-        """W x (stacked part answers, each scaled by its weight)."""
-        return np.concatenate([w * _matvec(p, x) for w, p in zip(self.weights, self.parts, strict=True)])
+        """W x = [w_k W_k x]_k, each part through its own form."""
+        return np.concatenate([w * p.matvec(x) for w, p in zip(self.weights, self.parts, strict=True)])
+
+    def rmatvec(self, y: np.ndarray) -> np.ndarray:
+        """W^T y = sum_k w_k W_k^T y_k over the parts' row blocks y_k."""
+        cuts = np.cumsum([p.m for p in self.parts])[:-1]
+        blocks = np.split(operand(y, self.m), cuts)
+        return sum(w * p.rmatvec(b) for w, p, b in zip(self.weights, self.parts, blocks, strict=True))
 
     def row_labels(self) -> list[str]:
         if self._labels is not None:
             return list(self._labels)
         return [f"{p.name}:{lab}" for p in self.parts for lab in p.row_labels()]
-
-
-def _matvec(w: Workload, x: np.ndarray) -> np.ndarray:
-    """W x: through the structure where the workload has one, else with its sparse rows."""
-    mv = getattr(w, "matvec", None)
-    return mv(x) if mv is not None else w.sparse() @ np.asarray(x, dtype=float)
 
 
 class _Ones(Total):
@@ -759,34 +771,6 @@ class Marginals(Stack):
 
     def error_lower_bound(self) -> tuple[float, str]:
         return self.svd_bound(), "svd bound (tight for marginals)"
-
-    def gram_matvec(self, v: np.ndarray) -> np.ndarray:
-        """sum_S w_S^2 M_S^T M_S v: sum over the non-S axes and broadcast back (v of shape (n,) or (n, k))."""
-        v = np.asarray(v, dtype=float)
-        n = self.n
-        if v.ndim not in (1, 2) or v.shape[0] != n:
-            raise ValueError(f"vector has shape {v.shape}; expected ({n},) or ({n}, k)")
-        k = 1 if v.ndim == 1 else v.shape[1]
-        T = v.reshape(*self._sizes, k)
-        out = np.zeros_like(T)
-        d = self.n_factors
-        for s, w in zip(self.masks, self.weights, strict=True):
-            axes = tuple(i for i in range(d) if not s >> i & 1)
-            out += w**2 * (T.sum(axis=axes, keepdims=True) if axes else T)
-        return out.reshape(v.shape)
-
-    def matvec(self, x: np.ndarray) -> np.ndarray:
-        """W x: the weighted marginal tables of x, raveled and stacked in subset order."""
-        x = np.asarray(x, dtype=float)
-        if x.shape != (self.n,):
-            raise ValueError(f"data vector has shape {x.shape}; expected ({self.n},)")
-        T = x.reshape(self._sizes)
-        d = self.n_factors
-        out = []
-        for s, w in zip(self.masks, self.weights, strict=True):
-            axes = tuple(i for i in range(d) if not s >> i & 1)
-            out.append(w * (T.sum(axis=axes) if axes else T).ravel())
-        return np.concatenate(out)
 
 
 def all_range_nd(sizes: Sequence[int]) -> Kron:

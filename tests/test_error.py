@@ -12,9 +12,12 @@ from dpopt.baselines import (
     workload_strategy,
 )
 from dpopt.error import expected_error, monte_carlo_error
+from dpopt.kron_strategy import KronMatrix
+from dpopt.marginal_strategy import MarginalMatrix
 from dpopt.privacy import Privacy
 from dpopt.strategy import Strategy, StrategyError
-from dpopt.workloads import AllRange, Prefix, Total, WRange
+from dpopt.union_strategy import UnionKronMatrix
+from dpopt.workloads import AllRange, Identity, Kron, Marginals, Prefix, Stack, Total, WRange
 
 # Monte Carlo tolerance: the analytic value must lie within 4 standard errors of the mean over 2000 draws.
 Z_TOL = 4.0
@@ -39,6 +42,31 @@ def test_analytic_matches_monte_carlo(privacy, make):
     assert abs(mc.total_mean[0] - exact.total) <= Z_TOL * mc.total_se[0]
     assert exact.per_query.sum() == pytest.approx(exact.total, rel=DENSE_RTOL)
     assert exact.rmse == pytest.approx(np.sqrt(exact.total / w.m), rel=ULPS_RTOL)
+
+
+def _structured_cases():
+    kron = KronMatrix([hierarchical_strategy(6), wavelet_strategy(4)])
+    union = UnionKronMatrix([kron, KronMatrix([np.eye(6), np.ones((1, 4))])], [1.0, 0.5], assignment=[0, 1])
+    marg = MarginalMatrix([2, 3, 4], "marginals", [(1, 2), (0, 1), (0,)], [1.0, 0.7, 0.4])
+    return [
+        (kron, Kron([AllRange(6), Prefix(4)])),
+        (union, Stack([Kron([AllRange(6), Prefix(4)]), Kron([Identity(6), Total(4)])], weights=[1.0, 3.0])),
+        (marg, Marginals([2, 3, 4], subsets=[(1, 2), (0,)], weights=[1.0, 2.0])),
+    ]
+
+
+@pytest.mark.parametrize("privacy", [Privacy(1.0), Privacy(0.5, 1e-6)])
+@pytest.mark.parametrize("case", _structured_cases(), ids=["kron", "union", "marginal"])
+def test_structured_strategies_match_monte_carlo(case, privacy):
+    """Sampled answers through A's factors (`Strategy.answers` on a batch) have the analytic total error."""
+    A, w = case
+    s = Strategy(A)
+    x = np.random.default_rng(5).integers(0, 50, size=w.n).astype(float)
+    mc = monte_carlo_error(s, w, privacy, x, np.random.default_rng(11), trials=2000)
+    assert abs(mc.total_mean[0] - expected_error(s, w, privacy).total) <= Z_TOL * mc.total_se[0]
+    # a batch is answered row by row exactly as one measurement vector is
+    y = s.measure(x, privacy, np.random.default_rng(3)) + np.zeros((2, 1))
+    np.testing.assert_array_equal(s.answers(y, w)[1], s.answers(y[1], w))
 
 
 def test_noise_on_queries_monte_carlo():

@@ -56,10 +56,11 @@ def _small_workloads():
         [Kron([AllRange(6), Identity(4)]), Kron([Total(6), Prefix(4)])], weights=[1.0, 2.5]
     )
     marg = Marginals([2, 3, 4], subsets=[(0, 1), (2,), (1, 2)], weights=[1.0, 3.0, 0.5])
-    return [(w, explicit(w)) for w in (kron, union, marg)]
+    plain = Stack([Prefix(24), WidthK(24, 5), Kron([Identity(4), Total(6)])], weights=[2.0, 1.0, 0.5])
+    return [(w, explicit(w)) for w in (kron, union, marg, plain)]
 
 
-@pytest.mark.parametrize("pair", _small_workloads(), ids=["kron", "union", "marginals"])
+@pytest.mark.parametrize("pair", _small_workloads(), ids=["kron", "union", "marginals", "plain-stack"])
 def test_structured_matches_explicit_rows(pair):
     imp, dense = pair
     G = dense.gram()
@@ -76,6 +77,14 @@ def test_structured_matches_explicit_rows(pair):
     x = rng.integers(0, 9, dense.n).astype(float)
     # integer data through integer/dyadic rows: exact in either order (atol for safety only, << 1)
     np.testing.assert_allclose(imp.matvec(x), dense.sparse() @ x, rtol=1e-12, atol=1e-9)
+    # W X and W^T Y through the structure against the explicit rows, one vector and a batch of them
+    M, Y = dense.matrix(), rng.standard_normal((dense.m, 3))
+    assert imp.matvec(V).shape == (dense.m, 2) and imp.rmatvec(Y).shape == (dense.n, 3)
+    assert_products_close(imp.matvec(V), M, V)
+    assert_products_close(imp.rmatvec(Y[:, 0]), M.T, Y[:, 0])
+    assert_products_close(imp.rmatvec(Y), M.T, Y)
+    with pytest.raises(ValueError, match="expected"):
+        imp.rmatvec(np.ones(dense.m + 1))
     if isinstance(imp, Kron | Marginals):
         # Two routes to the SVD bound (the factors' Gram eigenvalues vs W's singular values), each
         # rounded downwards. On these rank-deficient products the Gram route can only place a null
