@@ -15,11 +15,11 @@ from functools import cached_property
 import numpy as np
 import scipy.sparse as sp
 
-from dpopt.data import Records, data_vector
+from dpopt.data import Records
 from dpopt.linalg import column_norm_powers, kron_matvec
 from dpopt.strategy import Strategy, StrategyError, StructuredMatrix
 from dpopt.validation import check_finite_matrix
-from dpopt.workloads import Kron, Workload, kron_form
+from dpopt.workloads import ExplicitWorkload, Kron, Workload, kron_form
 
 # Relative tolerance for "the strategy supports the workload" (relative Frobenius residual).
 SUPPORT_RTOL = 1e-8
@@ -68,10 +68,10 @@ class KronMatrix(StructuredMatrix):
         self.domain_sizes = tuple(int(M.shape[1]) for M in mats)
         self.direct = all(direct)
 
-    @property
-    def shape(self) -> tuple[int, int]:
-        """(r, n) = (prod r_i, prod n_i)."""
-        return (math.prod(int(M.shape[0]) for M in self.factors), math.prod(self.domain_sizes))
+    @cached_property
+    def operator(self) -> Kron:
+        """A = A_1 (x) ... (x) A_d as the Kronecker product of its factors."""
+        return Kron([ExplicitWorkload(M, name=f"A_{i}") for i, M in enumerate(self.factors)], name="A")
 
     @property
     def rank(self) -> int:
@@ -162,7 +162,7 @@ class KronMatrix(StructuredMatrix):
         is not a constant row c 1^T are counted (a marginal table), the others contribute the factor c."""
         if not isinstance(data, Records) or tuple(data.domain.shape) != self.domain_sizes:
             # a vector, or records whose attributes are not this strategy's factors (one factor over all cells)
-            return kron_matvec(self.factors, data_vector(data, self.shape[1]))
+            return super().measured(data)
         consts = [_constant_row(M) for M in self.factors]
         keep = [i for i, c in enumerate(consts) if c is None]
         scale = math.prod(c for c in consts if c is not None)
@@ -213,10 +213,3 @@ class KronMatrix(StructuredMatrix):
                 v = np.kron(v, np.einsum("ij,jk,ik->i", Wk, P, Wk))
             out.append(wt**2 * v)
         return np.concatenate(out)
-
-    def to_matrix(self) -> sp.csr_matrix:
-        """A = A_1 (x) ... (x) A_d formed (small domains only), for cross-checks."""
-        A = sp.csr_matrix(self.factors[0])
-        for M in self.factors[1:]:
-            A = sp.kron(A, sp.csr_matrix(M), format="csr")
-        return A

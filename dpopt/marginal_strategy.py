@@ -32,7 +32,7 @@ from dpopt.data import Records, marginal_tables
 from dpopt.linalg import attrs_of, cells_of, residual_rank, submasks
 from dpopt.strategy import StrategyError, StructuredMatrix
 from dpopt.validation import check_choice
-from dpopt.workloads import Marginals, Workload
+from dpopt.workloads import ExplicitWorkload, Kron, Marginals, Stack, Workload
 
 KINDS = ("residual", "marginals")
 #: A measured marginal over more attributes than this is not expanded into its 2^|T| subsets (the full table of
@@ -131,14 +131,21 @@ class MarginalMatrix(StructuredMatrix):
             return float(np.sum(self.params) if norm == 1 else np.sqrt(np.sum(self.params**2)))
         return math.sqrt(sum(v * residual_rank(self.domain_sizes, A) for A, v in self._x.items()))
 
-    @property
-    def shape(self) -> tuple[int, int]:
-        """(r, n): measured rows and cells."""
-        if self.kind == "marginals":
-            r = sum(math.prod(self.domain_sizes[i] for i in s) for s in self.subsets)
-        else:
-            r = sum(residual_rank(self.domain_sizes, A) for A in self.masks)
-        return (r, math.prod(self.domain_sizes))
+    @cached_property
+    def operator(self) -> Stack:
+        """A as a weighted stack of Kronecker products: the tables theta_T M_T, or the residual blocks
+        sqrt(x~_A N_A) (x)_{i in A} U_i^T (x)_{i not in A} 1^T (a block of rank 0 has no rows and is left out)."""
+        def factor(i: int, n: int, s: tuple[int, ...]) -> np.ndarray | sp.spmatrix:
+            if i not in s:
+                return np.ones((1, n))
+            return helmert_basis(n).T if self.kind == "residual" else sp.identity(n, format="csr")
+
+        parts, weights = [], []
+        for s, A, v in zip(self.subsets, self.masks, self.params, strict=True):
+            if self.kind == "marginals" or residual_rank(self.domain_sizes, A) > 0:
+                parts.append(Kron([ExplicitWorkload(factor(i, n, s)) for i, n in enumerate(self.domain_sizes)]))
+                weights.append(v if self.kind == "marginals" else math.sqrt(v * cells_of(self.domain_sizes, A)))
+        return Stack(parts, weights, name="A")
 
     @property
     def rank(self) -> int:
@@ -270,18 +277,3 @@ class MarginalMatrix(StructuredMatrix):
             np.full(cells_of(self.domain_sizes, S), float(wt) ** 2 * vs)
             for S, wt, vs in zip(workload.masks, workload.weights, v, strict=True)
         ])
-
-    def to_matrix(self) -> sp.csr_matrix:
-        """The explicit strategy matrix (small domains only), for cross-checks against the dense path."""
-        blocks = []
-        for s, v in zip(self.subsets, self.params, strict=True):
-            B = np.ones((1, 1))
-            for i, ni in enumerate(self.domain_sizes):
-                if i in s:
-                    F = helmert_basis(ni).T if self.kind == "residual" else np.eye(ni)
-                else:
-                    F = np.ones((1, ni))
-                B = np.kron(B, F)
-            scale = math.sqrt(v * math.prod(self.domain_sizes[i] for i in s)) if self.kind == "residual" else v
-            blocks.append(scale * B)
-        return sp.csr_matrix(np.vstack(blocks))

@@ -39,9 +39,11 @@ class StrategyError(ValueError):
 
 
 class StructuredMatrix(ABC):
-    """A strategy matrix A (r x n) held through its structure, never formed; what a Strategy needs of it is
-    computed through the factors: sensitivity, rank, the least-squares error trace(W^T W X^+) and per-query
-    variances on a workload, the support residual, the exact measurements A x and the least-squares answers."""
+    """A strategy matrix A (r x n) held through its structure, never formed. A itself is `operator`, a matrix of
+    the one structured algebra the workloads are written in (`Kron`, `Stack`), which gives its shape, A x and
+    A^T y; what a Strategy needs beyond that is computed through the factors: sensitivity, rank, the
+    least-squares error trace(W^T W X^+) and per-query variances on a workload, the support residual and the
+    least-squares answers."""
 
     #: The factor (attribute) sizes of the product domain A acts on.
     domain_sizes: tuple[int, ...]
@@ -50,8 +52,13 @@ class StructuredMatrix(ABC):
 
     @property
     @abstractmethod
+    def operator(self) -> Workload:
+        """A as a Kronecker product or a weighted stack of them (`dpopt.workloads`), never formed."""
+
+    @property
     def shape(self) -> tuple[int, int]:
         """(r, n): measured rows and cells."""
+        return self.operator.shape
 
     @property
     @abstractmethod
@@ -74,17 +81,17 @@ class StructuredMatrix(ABC):
     def query_unit_variances(self, workload: Workload) -> np.ndarray:
         """w_i^T X^+ w_i for every query (m,)."""
 
-    @abstractmethod
     def measured(self, data: np.ndarray | Records) -> np.ndarray:
-        """The exact measurements A x (r,)."""
+        """The exact measurements A x (r,) through the factors."""
+        return self.operator.matvec(data_vector(data, self.shape[1]))
 
     @abstractmethod
     def answers(self, y: np.ndarray, workload: Workload | None) -> np.ndarray:
         """The least-squares answers W A^+ y (m,), or the data estimate A^+ y where the form has one."""
 
-    @abstractmethod
     def to_matrix(self) -> sp.csr_matrix:
-        """A itself (small domains only), for cross-checks."""
+        """A formed (small domains only), for cross-checks."""
+        return self.operator.sparse()
 
     def _check_domain(self, workload: Workload, form: type[Workload] = Workload) -> None:
         """Refuses a workload that is not a `form` or lies on another product domain than A's."""

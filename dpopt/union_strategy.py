@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from functools import cached_property
 
 import numpy as np
-import scipy.sparse as sp
 
-from dpopt.data import Records, data_vector
 from dpopt.kron_strategy import KronMatrix
-from dpopt.linalg import column_norm_powers, kron_column_norms, kron_matvec
+from dpopt.linalg import column_norm_powers, kron_column_norms
 from dpopt.strategy import StrategyError, StructuredMatrix
 from dpopt.workloads import Stack, Workload
 
@@ -53,10 +52,10 @@ class UnionKronMatrix(StructuredMatrix):
         self.assignment = [int(k) for k in assignment]
         self.domain_sizes = self.parts[0].domain_sizes
 
-    @property
-    def shape(self) -> tuple[int, int]:
-        """(sum_k r_k, n)."""
-        return (sum(p.shape[0] for p in self.parts), self.parts[0].shape[1])
+    @cached_property
+    def operator(self) -> Stack:
+        """A = [w_k A^(k)]_k as a weighted stack of the parts' Kronecker products."""
+        return Stack([p.operator for p in self.parts], self.weights, name="A")
 
     @property
     def rank(self) -> int:
@@ -108,12 +107,6 @@ class UnionKronMatrix(StructuredMatrix):
         self._check(workload)
         return max(self.parts[k].unsupported_fraction(p) for k, p in zip(self.assignment, workload.parts, strict=True))
 
-    def measured(self, data: np.ndarray | Records) -> np.ndarray:
-        """The stacked exact measurements [w_k A^(k) x]_k (r,), by Kronecker matvecs."""
-        x = data_vector(data, self.shape[1])
-        return np.concatenate([wt * kron_matvec(part.factors, x) for wt, part in zip(self.weights, self.parts,
-                                                                                      strict=True)])
-
     def answers(self, y: np.ndarray, workload: Workload | None) -> np.ndarray:
         """Each term answered from its own part's least-squares estimate x_hat_k = A^(k)+ y_k / w_k (m,)."""
         self._check(workload)  # type: ignore[arg-type]
@@ -131,7 +124,3 @@ class UnionKronMatrix(StructuredMatrix):
             (float(wt) / self.weights[k]) ** 2 * self.parts[k].query_unit_variances(p)
             for k, wt, p in zip(self.assignment, workload.weights, workload.parts, strict=True)
         ])
-
-    def to_matrix(self) -> sp.csr_matrix:
-        """The stacked [w_k A^(k)]_k formed (small domains only), for cross-checks."""
-        return sp.vstack([wt * p.to_matrix() for wt, p in zip(self.weights, self.parts, strict=True)], format="csr")

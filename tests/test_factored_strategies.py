@@ -149,6 +149,32 @@ def test_marginal_strategy_matches_dense(kind):
     np.testing.assert_allclose(ours, dense, rtol=1e-9, atol=1e-8)
 
 
+def _operator_cases():
+    from dpopt.union_strategy import UnionKronMatrix
+
+    rng = np.random.default_rng(4)
+    kron = KronMatrix([rng.random((5, 4)), np.ones((1, 3)), rng.random((2, 2))])
+    union = UnionKronMatrix([kron, KronMatrix([np.eye(4), rng.random((2, 3)), np.eye(2)])], [0.5, 2.0], [0])
+    resid = MarginalMatrix([4, 3, 2], "residual", [(), (0,), (1, 2), (0, 1, 2)], [1.0, 0.3, 2.0, 0.7])
+    marg = MarginalMatrix([4, 3, 2], "marginals", [(0, 1), (2,), ()], [1.0, 0.3, 2.0])
+    return [kron, union, resid, marg]
+
+
+@pytest.mark.parametrize("A", _operator_cases(), ids=["kron", "union", "residual", "marginals"])
+def test_strategy_operator_is_A_and_its_transpose(A):
+    """A's `operator` (the workloads' Kron / Stack algebra) has A's shape and is the adjoint pair of the form's own
+    measurements: y^T (A x) = (A^T y)^T x, with A x from the form (marginal tables for the marginal forms)."""
+    rng = np.random.default_rng(9)
+    x, y = rng.standard_normal(A.shape[1]), rng.standard_normal(A.shape[0])
+    assert A.operator.shape == A.shape == A.to_matrix().shape
+    Ax, ATy = A.measured(x), A.operator.rmatvec(y)
+    # two sums of r (resp. n) <= 60 products of O(1) terms: (r + n) eps sum |y| |A| |x| bounds the difference
+    scale = float(np.abs(y) @ abs(A.to_matrix()) @ np.abs(x))
+    assert abs(float(y @ Ax) - float(ATy @ x)) <= 2 * sum(A.shape) * np.finfo(float).eps * scale
+    np.testing.assert_allclose(Ax, A.operator.matvec(x), rtol=0, atol=2 * A.shape[1] * np.finfo(float).eps
+                               * float(np.abs(x).sum()) * float(abs(A.to_matrix()).max()))
+
+
 def test_helmert_basis_is_orthonormal_complement_of_ones():
     for n in (2, 5, 9):
         U = helmert_basis(n)
