@@ -113,13 +113,17 @@ class Workload(ABC):
         self._check_unscaled()
         return [(1.0, [np.asarray(self.gram(), dtype=float)])]
 
+    def stored(self) -> np.ndarray | sp.spmatrix:
+        """W as held for products: the given matrix (dense or sparse) of an explicit workload, else the sparse rows."""
+        return self.sparse()
+
     def matvec(self, x: np.ndarray) -> np.ndarray:
-        """W x for x of shape (n,) or (n, k), by the sparse rows (the structured forms go through their factors)."""
-        return np.asarray(self.sparse() @ operand(x, self.n))
+        """W x for x of shape (n,) or (n, k), by the stored rows (the structured forms go through their factors)."""
+        return np.asarray(self.stored() @ operand(x, self.n))
 
     def rmatvec(self, y: np.ndarray) -> np.ndarray:
-        """W^T y for y of shape (m,) or (m, k), by the sparse rows (the structured forms go through their factors)."""
-        return np.asarray(self.sparse().T @ operand(y, self.m))
+        """W^T y for y of shape (m,) or (m, k), by the stored rows (the structured forms go through their factors)."""
+        return np.asarray(self.stored().T @ operand(y, self.m))
 
     def gram_matvec(self, v: np.ndarray) -> np.ndarray:
         """W^T W v through the Kronecker terms; v has shape (n,) or (n, k)."""
@@ -194,6 +198,9 @@ class ExplicitWorkload(Workload):
 
     def sparse(self) -> sp.csr_matrix:
         return sp.csr_matrix(self._W)
+
+    def stored(self) -> np.ndarray | sp.csr_matrix:
+        return self._W
 
     def matrix(self) -> np.ndarray:
         if sp.issparse(self._W):
@@ -544,11 +551,11 @@ class Kron(Workload):
 
     def matvec(self, x: np.ndarray) -> np.ndarray:
         """W x = ((x)_i W_i) x through the factors."""
-        return kron_matvec([f.sparse() for f in self.factors], x)
+        return kron_matvec([f.stored() for f in self.factors], x)
 
     def rmatvec(self, y: np.ndarray) -> np.ndarray:
         """W^T y = ((x)_i W_i^T) y through the factors."""
-        return kron_matvec([f.sparse().T for f in self.factors], y)
+        return kron_matvec([f.stored().T for f in self.factors], y)
 
     def row_labels(self) -> list[str]:
         if self._labels is not None:
