@@ -16,7 +16,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from dpopt.data import Records
-from dpopt.linalg import column_norm_powers, kron_matvec
+from dpopt.linalg import kron_matvec
 from dpopt.strategy import Strategy, StrategyError, StructuredMatrix
 from dpopt.validation import check_finite_matrix
 from dpopt.workloads import ExplicitWorkload, Kron, Workload, kron_form
@@ -77,11 +77,6 @@ class KronMatrix(StructuredMatrix):
     def rank(self) -> int:
         """rank(A) = prod_i rank(A_i)."""
         return math.prod(int(np.count_nonzero(lam)) for lam, _ in self._factor_eigs)
-
-    def sensitivity(self, norm: int) -> float:
-        """prod_i max column L1 (norm 1) or L2 (norm 2) norm of A_i (exact for a Kronecker product)."""
-        p = math.prod(float(column_norm_powers(M, norm).max()) for M in self.factors)
-        return p if norm == 1 else math.sqrt(p)
 
     # -- factor Grams ----------------------------------------------------------------------------
     @cached_property

@@ -65,9 +65,9 @@ class StructuredMatrix(ABC):
     def rank(self) -> int:
         """rank(A), or an upper bound where the form says so."""
 
-    @abstractmethod
     def sensitivity(self, norm: int) -> float:
-        """The largest column L1 (norm 1) or L2 (norm 2) norm of A."""
+        """The largest column L1 (norm 1) or L2 (norm 2) norm of A, through the operator's factors."""
+        return self.operator.max_column_norm(norm)
 
     @abstractmethod
     def unit_error(self, workload: Workload) -> float:

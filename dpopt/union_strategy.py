@@ -3,13 +3,10 @@ term answered by its own part.
 
 A = [w_1 A^(1); ...; w_K A^(K)] with Kronecker parts A^(k) = (x)_i A_i^(k).
 
-Sensitivity. The column norms of a Kronecker product are the Kronecker products of the factors' column
-norms, so the exact L1 sensitivity is max_j sum_k w_k c1^(k)_j and the exact L2 sensitivity is
-sqrt(max_j sum_k w_k^2 c2^(k)_j^2), with c^(k) = (x)_i c_i^(k) over the n cells. `sensitivity` evaluates this
-maximum exactly when n <= EXACT_SENS_CELLS (one pass over n cells, by blocks); beyond that it returns the
-upper bound sum_k w_k sens1(A^(k)) (resp. sqrt(sum_k w_k^2 sens2(A^(k))^2)) from the triangle inequality,
-which is exact whenever every part has constant column norms, as the p-Identity (unit L1 columns) and the
-certified (eps, delta) factors (unit diagonal X) produced by dpopt's optimisers do. `sens_exact` says which.
+Sensitivity: the stack's largest column norm (`dpopt.workloads.Stack.max_column_norm`), exact up to
+EXACT_SENS_CELLS cells and beyond that the triangle-inequality bound, which is exact whenever every part has
+constant column norms, as the p-Identity (unit L1 columns) and the certified (eps, delta) factors (unit
+diagonal X) produced by dpopt's optimisers do. `sens_exact` says which.
 
 Error. Workload term j is answered from part p(j) alone: x_hat_k = A^(k)+ y_k / w_k, so
 ||B_j||_F^2 = a_j / w_k^2 prod_i trace(G_ji X_i^(k)+). This estimator is unbiased and linear, so by
@@ -26,12 +23,8 @@ from functools import cached_property
 import numpy as np
 
 from dpopt.kron_strategy import KronMatrix
-from dpopt.linalg import column_norm_powers, kron_column_norms
 from dpopt.strategy import StrategyError, StructuredMatrix
 from dpopt.workloads import Stack, Workload
-
-# Largest domain on which the stacked column norms are scanned exactly.
-EXACT_SENS_CELLS = 50_000_000
 
 
 class UnionKronMatrix(StructuredMatrix):
@@ -64,28 +57,8 @@ class UnionKronMatrix(StructuredMatrix):
 
     @property
     def sens_exact(self) -> bool:
-        """True when `sensitivity` scans every cell (n <= EXACT_SENS_CELLS)."""
-        return math.prod(self.domain_sizes) <= EXACT_SENS_CELLS
-
-    def sensitivity(self, norm: int) -> float:
-        """Exact stacked sensitivity on domains up to EXACT_SENS_CELLS, else the triangle-inequality bound."""
-        if norm not in (1, 2):
-            raise ValueError(f"norm must be 1 or 2, got {norm}")
-        scale = self.weights if norm == 1 else self.weights**2
-        if not self.sens_exact:
-            per = [p.sensitivity(norm) ** norm for p in self.parts]
-            tot = float(np.dot(scale, per))
-            return tot if norm == 1 else math.sqrt(tot)
-        # sum_k s_k (x)_i c_i^(k), scanned by blocks of the first factor to bound memory.
-        first = self.domain_sizes[0]
-        best = 0.0
-        norms = [[column_norm_powers(M, norm) for M in p.factors] for p in self.parts]
-        for lo in range(first):
-            acc = 0.0
-            for s, cs in zip(scale, norms, strict=True):
-                acc = acc + s * cs[0][lo] * kron_column_norms(cs[1:])
-            best = max(best, float(np.max(acc)))
-        return best if norm == 1 else math.sqrt(best)
+        """True when the sensitivity scans every cell (`Stack.max_column_norm`), else it is an upper bound."""
+        return self.operator.column_norm_exact
 
     def _check(self, workload: Stack) -> None:
         self._check_domain(workload, Stack)

@@ -22,11 +22,22 @@ from typing import ClassVar
 import numpy as np
 import scipy.sparse as sp
 
-from dpopt.linalg import down_closure, eigen_weights, kron_matvec, mask_of, operand, residual_rank
+from dpopt.linalg import (
+    column_norm_powers,
+    down_closure,
+    eigen_weights,
+    kron_column_norms,
+    kron_matvec,
+    mask_of,
+    operand,
+    residual_rank,
+)
 from dpopt.validation import as_generator, check_finite_matrix, check_gram, check_positive_int
 
 # Dense matrices larger than this many entries are refused (8 bytes each: 2 GB).
 MAX_DENSE_ENTRIES = 250_000_000
+#: Largest domain on which a stack's column norms are scanned exactly (`Stack.max_column_norm`).
+EXACT_SENS_CELLS = 50_000_000
 
 #: One term a (G_1, ..., G_d) of a Gram in Kronecker form W^T W = sum_k a_k (G_k1 (x) ... (x) G_kd).
 KronTerm = tuple[float, list[np.ndarray]]
@@ -124,6 +135,13 @@ class Workload(ABC):
     def rmatvec(self, y: np.ndarray) -> np.ndarray:
         """W^T y for y of shape (m,) or (m, k), by the stored rows (the structured forms go through their factors)."""
         return np.asarray(self.stored().T @ operand(y, self.m))
+
+    def max_column_norm(self, norm: int) -> float:
+        """The largest column L1 (norm 1) or L2 (norm 2) norm of W: the sensitivity of W as measured queries."""
+        if norm not in (1, 2):
+            raise ValueError(f"norm must be 1 or 2, got {norm}")
+        top = float(column_norm_powers(self.stored(), norm).max())
+        return top if norm == 1 else math.sqrt(top)
 
     def gram_matvec(self, v: np.ndarray) -> np.ndarray:
         """W^T W v through the Kronecker terms; v has shape (n,) or (n, k)."""
@@ -549,6 +567,10 @@ class Kron(Workload):
         bounds = [f.svd_bound() for f in self.factors]
         return math.prod(bounds) * max(0.0, 1.0 - len(bounds) * EPS)
 
+    def max_column_norm(self, norm: int) -> float:
+        """prod_i max column norm of W_i: exact, as the columns' entries are the products |a_ij| |b_kl|."""
+        return math.prod(f.max_column_norm(norm) for f in self.factors)
+
     def matvec(self, x: np.ndarray) -> np.ndarray:
         """W x = ((x)_i W_i) x through the factors."""
         return kron_matvec([f.stored() for f in self.factors], x)
@@ -642,6 +664,34 @@ class Stack(Workload):
             if full >= parts:
                 return full, "svd bound"
         return parts, "sum of part svd bounds"
+
+    @property
+    def column_norm_exact(self) -> bool:
+        """True when `max_column_norm` scans every cell (n <= EXACT_SENS_CELLS)."""
+        return self.n <= EXACT_SENS_CELLS
+
+    def max_column_norm(self, norm: int) -> float:
+        """max_j (sum_k w_k^p c_kj)^(1/p), c_k the p-th powers of part k's column norms (p = norm), scanned exactly up to
+        EXACT_SENS_CELLS cells; beyond, the triangle-inequality bound (sum_k w_k^p max_j c_kj)^(1/p), exact when every
+        part has constant column norms.
+
+        A union of Kronecker products is scanned by blocks of the first factor (never n numbers per part): the
+        column norms of a Kronecker product are the Kronecker product of its factors' (|a_ij b_kl| = |a_ij| |b_kl|).
+        """
+        if norm not in (1, 2):
+            raise ValueError(f"norm must be 1 or 2, got {norm}")
+        scale = self.weights**norm
+        if not self.column_norm_exact:
+            best = float(np.dot(scale, [p.max_column_norm(norm) ** norm for p in self.parts]))
+        elif self.kron_parts:
+            norms = [[column_norm_powers(f.stored(), norm) for f in p.factors] for p in self.parts]  # type: ignore[attr-defined]
+            best = max(float(np.max(sum(s * cs[0][lo] * kron_column_norms(cs[1:])
+                                        for s, cs in zip(scale, norms, strict=True))))
+                       for lo in range(self.domain_sizes[0]))
+        else:
+            best = float(np.max(sum(s * column_norm_powers(p.stored(), norm)
+                                    for s, p in zip(scale, self.parts, strict=True))))
+        return best if norm == 1 else math.sqrt(best)
 
     def matvec(self, x: np.ndarray) -> np.ndarray:
         """W x = [w_k W_k x]_k, each part through its own form."""

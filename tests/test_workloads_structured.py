@@ -93,6 +93,27 @@ def test_structured_matches_explicit_rows(pair):
         assert imp.svd_bound() == pytest.approx(svd_bound(dense), rel=1e-7)
 
 
+@pytest.mark.parametrize("pair", _small_workloads(), ids=["kron", "union", "marginals", "plain-stack"])
+def test_max_column_norm_through_the_structure(pair, monkeypatch):
+    """The largest column L1 / L2 norm (sensitivity) through the factors equals the explicit rows'; past the exact
+    scan's cell limit a stack reports the triangle-inequality bound, never less than the exact value."""
+    import dpopt.workloads as wl
+
+    imp, dense = pair
+    M = np.abs(dense.matrix())
+    # maxima of sums of <= 60 products of exact dyadic / small-integer entries: a few ulps (1e-13)
+    exact = {1: float(M.sum(axis=0).max()), 2: float(np.sqrt((M**2).sum(axis=0).max()))}
+    for norm in (1, 2):
+        assert imp.max_column_norm(norm) == pytest.approx(exact[norm], rel=1e-13)
+    if isinstance(imp, Stack):
+        monkeypatch.setattr(wl, "EXACT_SENS_CELLS", imp.n - 1)
+        assert not imp.column_norm_exact
+        for norm in (1, 2):
+            assert imp.max_column_norm(norm) >= exact[norm] * (1 - 1e-13)
+    with pytest.raises(ValueError, match="norm must be 1 or 2"):
+        imp.max_column_norm(3)
+
+
 def test_svd_bound_of_kron_is_product_of_factors():
     """Singular values of a Kronecker product are products, so SVDB(W1 x W2) = SVDB(W1) SVDB(W2)."""
     W1, W2 = AllRange(7), Prefix(5)
