@@ -6,7 +6,7 @@
   with a star ("seed 004*") is named by the module's docstring instead and not by the function's own.
 - Every file or folder named in "Central types" exists, and every name listed after it on the same
   item resolves in that module; every dotted `dpopt.*` / `formulations.*` name in "Direction of
-  imports" resolves.
+  imports" resolves, and the module-level imports of dpopt and formulations form no cycle.
 
 Nothing here runs a solver: importing the modules is the only cost.
 """
@@ -224,3 +224,37 @@ def test_import_section_names_resolve() -> None:
                 except (ImportError, AttributeError) as exc:
                     pytest.fail(f"ARCHITECTURE.md line {number}: `{token}` does not resolve: {exc}")
     assert names > 0, f"no dotted module names found in '{IMPORTS_HEADING}'"
+
+
+def _module_level_imports(path: Path, modules: set[str]) -> set[str]:
+    """The project modules a file imports at module level (not inside functions or `if TYPE_CHECKING:`)."""
+    import ast
+
+    out: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                 [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+                 if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else [])
+        out |= {n for n in names if n in modules}
+    return out
+
+
+def test_no_module_level_import_cycle() -> None:
+    """Importing any module of dpopt or formulations never needs a module that needs it back (lazy imports
+    inside functions, listed in "Direction of imports", are outside this graph)."""
+    files = {".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): p
+             for p in [*ROOT.glob("dpopt/**/*.py"), *ROOT.glob("formulations/*.py")]}
+    graph = {m: _module_level_imports(p, set(files)) - {m} for m, p in files.items()}
+    assert sum(map(len, graph.values())) > len(files)  # the parser sees the imports
+    done: set[str] = set()
+
+    def visit(m: str, path: list[str]) -> None:
+        if m in path:
+            pytest.fail("import cycle: " + " -> ".join(path[path.index(m):] + [m]))
+        if m not in done:
+            for n in sorted(graph[m]):
+                visit(n, path + [m])
+            done.add(m)
+
+    for m in sorted(graph):
+        visit(m, [])
