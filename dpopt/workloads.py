@@ -685,8 +685,8 @@ class Stack(Workload):
             best = float(np.dot(scale, [p.max_column_norm(norm) ** norm for p in self.parts]))
         elif self.kron_parts:
             norms = [[column_norm_powers(f.stored(), norm) for f in p.factors] for p in self.parts]  # type: ignore[attr-defined]
-            best = max(float(np.max(sum(s * cs[0][lo] * kron_column_norms(cs[1:])
-                                        for s, cs in zip(scale, norms, strict=True))))
+            tails = [kron_column_norms(cs[1:]) for cs in norms]  # the same for every block: formed once per part
+            best = max(float(np.max(sum(s * cs[0][lo] * tail for s, cs, tail in zip(scale, norms, tails, strict=True))))
                        for lo in range(self.domain_sizes[0]))
         else:
             best = float(np.max(sum(s * column_norm_powers(p.stored(), norm)

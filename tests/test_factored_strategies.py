@@ -171,6 +171,7 @@ def test_strategy_operator_is_A_and_its_transpose(A):
     # two sums of r (resp. n) <= 60 products of O(1) terms: (r + n) eps sum |y| |A| |x| bounds the difference
     scale = float(np.abs(y) @ abs(A.to_matrix()) @ np.abs(x))
     assert abs(float(y @ Ax) - float(ATy @ x)) <= 2 * sum(A.shape) * np.finfo(float).eps * scale
+    # two routes to each entry of A x, each a sum of <= n products: within n eps max|A| sum|x| of the exact one
     np.testing.assert_allclose(Ax, A.operator.matvec(x), rtol=0, atol=2 * A.shape[1] * np.finfo(float).eps
                                * float(np.abs(x).sum()) * float(abs(A.to_matrix()).max()))
 
