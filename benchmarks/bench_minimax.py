@@ -72,11 +72,11 @@ MAKE = {
 
 
 def progress(name: str, n: int, run: int) -> Callable[[dict], None]:
-    """solve_minimax callback: one stderr line per outer iteration (certified bounds, gap, elapsed time)."""
+    """solve_minimax callback: one stderr line per outer iteration of each level (certified bounds, gap, elapsed time)."""
     t0 = time.perf_counter()
 
     def show(r: dict) -> None:
-        print(f"{name}({n}) run {run} it {r['nit']}: upper {r['fun']:.8g} lower {r['dual_bound']:.8g} "
+        print(f"{name}({r['n']}) run {run} it {r['nit']}: upper {r['fun']:.8g} lower {r['dual_bound']:.8g} "
               f"gap {r['gap']:.2e} at {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     return show
 
