@@ -124,8 +124,12 @@ def run_minimax(name: str, n: int, tol: float, budget: float, runs: int, transpo
 
 def write(rows: list[dict], conic: list[dict], args: argparse.Namespace) -> None:
     """Write the csv and md tables (after every row, so an interrupted run keeps what it measured)."""
-    df = pd.DataFrame(rows)
-    dc = pd.DataFrame(conic)
+    counts = ("n", "m", "runs", "outer_iters", "inner_solves", "scs_iterations")
+    df, dc = (pd.DataFrame(t) for t in (rows, conic))
+    df, dc = (t.astype({k: "Int64" for k in counts if k in t}) for t in (df, dc))
+    order = {name: i for i, name in enumerate(MAKE)}  # rows by workload family, then n
+    df = df.sort_values(["workload", "n"], key=lambda k: k.map(order) if k.name == "workload" else k,
+                        kind="stable", ignore_index=True) if len(df) else df
     out = pd.concat([df.assign(part="minimax"), dc.assign(part="conic")], ignore_index=True)
     out.to_csv(RESULTS / "minimax.csv", index=False)
     with open(RESULTS / "minimax.md", "w") as f:
@@ -151,7 +155,7 @@ def write(rows: list[dict], conic: list[dict], args: argparse.Namespace) -> None
                 "## Conic model (formulations.minimax, SCS at each row's scs_eps; limits in the notes) "
                 "against solve_minimax (CPU seconds)\n\n"
             )
-            f.write(dc.to_markdown(index=False, floatfmt=".4g") + "\n")
+            f.write(dc.drop(columns="part", errors="ignore").to_markdown(index=False, floatfmt=".4g") + "\n")
         notes = RESULTS.parent / "minimax_notes.md"  # by hand: which commit and load made each row
         if notes.exists():
             f.write("\n" + notes.read_text())
