@@ -27,8 +27,10 @@ fast (second order in u - u*) but the upper bound of X*(u) only at first order: 
 inner solves to a 1e-6 gap, 8 with the Newton steps below. Below 1%: projected Newton-CG on the joint
 dual psi(u, d) (`minimax_newton.newton_ascent`), each step tried at one joint point (a Cholesky and an
 eigendecomposition, no inner sum solve) and taken when psi rises, until the point's own gap is below
-tol / 10; one inner solve at the last point then certifies it (an exponentiated-gradient step when it does
-not ascend). If such a solve moves neither bound (WRange(16, 64): X*(u) at the joint optimum's u
+tol / 10; its end is certified without an inner solve (`certify`: the sum dual bound at (u, d) from one
+eigendecomposition and one SVD, and the variances of the point's strategy), and by one inner solve at its u
+when that does not reach tol (an exponentiated-gradient step when it does not ascend). Grid sequencing
+(`coarse_start`) starts WidthK at its coarse optimum and ascends from there before any inner solve. If such a solve moves neither bound (WRange(16, 64): X*(u) at the joint optimum's u
 completes the row space badly), the solver goes back to where the ascents began and takes one Newton
 step per outer iteration, each trial step judged by an inner solve. Measured (single runs, one BLAS
 thread, CPU s, tol 1e-4): trying each Newton step by an inner solve left Width32(1024) at a 3.8e-3 gap
@@ -85,6 +87,7 @@ import scipy.sparse as sp
 
 from dpopt.privacy import DEFAULT_CALIBRATION, epsilon_for_sigma
 from dpopt.solvers.convex_dp import solve_convex_dp
+from dpopt.solvers.convex_dp_core import dual_bound_from_factor, range_factor
 from dpopt.solvers.minimax_newton import JointPoint, newton_ascent, newton_step
 from dpopt.solvers.result import (
     CONVERGED,
@@ -309,13 +312,12 @@ def solve_minimax(
 
     Returns a SolverResult: x = X (n, n) with diag(X) <= 1, fun = its max_i Var_i / c_i (the upper
     bound), dual_bound = the best certified lower bound, gap = relative gap. extra: "u" (query weights
-    of the best lower bound), "variances" (Var_i(X), unweighted), "d" (inner multipliers), "R" and
+    of the best lower bound), "variances" (Var_i(X), unweighted), "d" (the cell multipliers that bound paired with), "R" and
     "basis" (X = U R^T R U^T with U = basis, None for I; the variances are computed from R),
     "inner_solves", "newton_trials" (points tried by Newton steps: joint points, or inner solves once
     single steps take over), "history", "forms": ("direct",), ("transposed",) or, when the transposed
     form stopped short of tol in time, ("transposed", "direct") with the bounds of both (the counts and
-    histories added up). In the transposed form "u" is the inner multipliers of the transposed problem's
-    last accepted point and "d" its best query weights. "coarse" is the coarse level's result, or None.
+    histories added up). In the transposed form "u" and "d" are the transposed problem's "d" and "u". "coarse" is the coarse level's result, or None.
     """
     t_wall, t_cpu = time.perf_counter(), time.process_time()
     tol, step = check_positive_number(tol, "tol"), check_positive_number(step, "step")
@@ -373,15 +375,9 @@ def solve_minimax(
     half = None if time_limit is None else time_limit / 2
     level = coarse_start(workload, c, time_limit=half, callback=callback, **options) if coarse else None
     u, d_start = (np.full(rows.m, 1.0 / rows.m), None) if level is None else level[:2]
-    res, X, g = inner(u, d_start, _INNER_TOL_MAX)
-    n_solves = 1
-    if level is not None and (not np.isfinite(g).all() or int(res.extra["rank"]) < rank_w):  # X misses W's row space
-        u, n_solves = np.full(rows.m, 1.0 / rows.m), 2
-        res, X, g = inner(u, None, _INNER_TOL_MAX)
-    lower, best_u = max(float(res.dual_bound), 0.0), u
-    upper, best_X, best_var = float(g.max()), X, g
+    lower, best_u, best_d, upper, best_X, best_var = 0.0, u, d_start, math.inf, None, None
     p = float(step)
-    damping, n_newton, newton_target, upper_stuck = _NEWTON_DAMPING, 0, 0.1 * tol, False
+    damping, n_solves, n_newton, newton_target, upper_stuck = _NEWTON_DAMPING, 0, 0, 0.1 * tol, False
     start: tuple[Any, ...] | None = None  # the iterate at which the first Newton ascent began
     history: list[dict[str, float]] = []
     status, message, nit = MAX_ITER, f"reached max_iter = {max_iter}", 0
@@ -392,11 +388,11 @@ def solve_minimax(
         Returns True (moved), False (no ascent) or None (G_u of lower rank than W: zero weights left a query
         outside range(X), or made X singular on W's row space).
         """
-        nonlocal u, res, X, g, lower, best_u, upper, best_X, best_var, n_solves
+        nonlocal u, res, X, g, lower, best_u, best_d, upper, best_X, best_var, n_solves
         r2, X2, g2 = inner(u_new, d_start, gap_asked)
         n_solves += 1
         if float(r2.dual_bound) > lower:
-            lower, best_u = float(r2.dual_bound), u_new
+            lower, best_u, best_d = float(r2.dual_bound), u_new, r2.extra["d"]
         if g2.max() < upper:
             upper, best_X, best_var = float(g2.max()), X2, g2
         # A step is taken only from a converged inner solve with finite variances: a stalled one (the sum
@@ -409,10 +405,45 @@ def solve_minimax(
         u, res, X, g = u_new, r2, X2, g2
         return True
 
+    def certify(p: JointPoint) -> None:
+        """Bounds at a joint point without an inner solve, kept when better: the sum problem's dual bound at (u, d)
+        (`dual_bound_from_factor`: an eigendecomposition of G_u and an SVD) and the variances of p's strategy."""
+        nonlocal lower, best_u, best_d, upper, best_X, best_var
+        low = dual_bound_from_factor(range_factor(rows.gram(p.u / c), full=False)[0], p.d)
+        if low > lower:
+            lower, best_u, best_d = low, p.u, p.d
+        A = (p.Pi * np.sqrt(p.s)).T  # A^T A = X(p), k x n
+        R = _unit_diag(_triangular_factor(A if U is None else A @ U), U)
+        g_p = factor_variances(rows, R, U) / c
+        if g_p.max() < upper:
+            upper, best_X, best_var = float(g_p.max()), R, g_p
+
+    if level is not None:  # Newton from the prolonged weights at once; its end certified without an inner solve
+        try:
+            moved, damping, n_newton = newton_ascent(JointPoint(rows, c, U, u, d_start), newton_target,
+                                                     _NEWTON_MAX_STEPS, _NEWTON_MAX_CG, damping, _NEWTON_DAMPING_MAX,
+                                                     _NEWTON_FLOOR, leaving("point", "inner"))
+            certify(moved)
+            u, d_start = np.maximum(moved.u, 1e-12 * moved.u.max()) / moved.u.sum(), moved.d
+        except np.linalg.LinAlgError:
+            pass
+    res = None  # the inner solve at the current u, unless the start is certified already
+    if not relative_gap(upper, lower) <= tol:  # nan while upper is inf
+        res, X, g = inner(u, d_start, _INNER_TOL_MAX)
+        n_solves = 1
+        if level is not None and (not np.isfinite(g).all() or int(res.extra["rank"]) < rank_w):  # misses W's row space
+            u, n_solves = np.full(rows.m, 1.0 / rows.m), 2
+            res, X, g = inner(u, None, _INNER_TOL_MAX)
+        if float(res.dual_bound) > lower:
+            lower, best_u, best_d = float(res.dual_bound), u, res.extra["d"]
+        if g.max() < upper:
+            upper, best_X, best_var = float(g.max()), X, g
+
     for nit in range(max_iter + 1):
         gap = relative_gap(upper, lower)
         history.append({"nit": nit, "upper": upper, "lower": lower, "gap": gap, "step": p, "solves": n_solves})
-        report = {"n": rows.n, "nit": nit, "fun": upper, "dual_bound": lower, "gap": gap, "u": u, "d": res.extra["d"]}
+        report = {"n": rows.n, "nit": nit, "fun": upper, "dual_bound": lower, "gap": gap, "u": u,
+                  "d": best_d if res is None else res.extra["d"]}
         stop = stop_rule(callback is not None and bool(callback(report)), gap, tol, nit, max_iter,
                          time.perf_counter() - t_wall + cost["inner"], time_limit)  # the next one must fit
         if stop is not None:
@@ -440,6 +471,10 @@ def solve_minimax(
                     point, newton_target, _NEWTON_MAX_STEPS, _NEWTON_MAX_CG, damping, _NEWTON_DAMPING_MAX,
                     _NEWTON_FLOOR, leaving("point", "inner"))
                 n_newton += trials
+                if moved is not point and moved.gap <= newton_target:
+                    certify(moved)
+                if moved is not point and relative_gap(upper, lower) <= tol:
+                    continue  # certified at the ascent's end: the stop rule ends the solve
                 if moved is not point:  # floored: exponentiated gradient cannot revive a weight at exactly 0
                     u_new = np.maximum(moved.u, 1e-12 * moved.u.max())  # (WidthK(16, 4) stalled at 3.9e-3 without)
                     before, start = (upper, lower), start or (u, res, X, g)
@@ -480,7 +515,7 @@ def solve_minimax(
         extra={
             "u": best_u,
             "variances": best_var * c,
-            "d": res.extra["d"],
+            "d": best_d,
             "R": best_X,
             "basis": U,
             "inner_solves": n_solves,
