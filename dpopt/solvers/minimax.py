@@ -30,8 +30,9 @@ eigendecomposition, no inner sum solve) and taken when psi rises, until the poin
 tol / 10; its end is certified without an inner solve (`certify`: the sum dual bound at (u, d) from one
 eigendecomposition and one SVD, and the variances of the point's strategy), and by one inner solve at its u
 when that does not reach tol (an exponentiated-gradient step when it does not ascend). Grid sequencing
-(`coarse_start`) starts WidthK at its coarse optimum and ascends from there before any inner solve. If such a solve moves neither bound (WRange(16, 64): X*(u) at the joint optimum's u
-completes the row space badly), the solver goes back to where the ascents began and takes one Newton
+(`coarse_start`) starts WidthK at its coarse optimum and ascends from there before any inner solve. If such
+an inner solve moves neither bound (WRange(16, 64): X*(u) at the joint optimum's u completes the row space
+badly), the solver goes back to where the ascents began and takes one Newton
 step per outer iteration, each trial step judged by an inner solve. Measured (single runs, one BLAS
 thread, CPU s, tol 1e-4): trying each Newton step by an inner solve left Width32(1024) at a 3.8e-3 gap
 after 900 s, joint points converge in 239 s (Width32(512): 10 s against 24 s); starting Newton at 10% or
@@ -139,7 +140,9 @@ _NEWTON_FLOOR = 0.1
 _TRANSPOSE_MAX_RATIO = 0.5
 #: Grid sequencing (`coarse_start`) for WidthK(n, k) with n >= _COARSE_WIDTHS * k. Measured (one BLAS thread, single
 #: runs): Width32(1024) to 1e-6 in 15.6 CPU s from Width32(512)'s weights (3.6 s) against 43.6 s from uniform ones;
-#: Width32(2048) to 1e-4 in 205 s from Width32(1024)'s, against 465 to 948 s (benchmarks/results/minimax.md).
+#: Width32(2048) to 1e-4 in 205 s from Width32(1024)'s, against 465 to 948 s. With the ascents' ends certified
+#: directly (`certify`), Width32(4096) to 1.2e-6 in 2173 s, where 8322 s from uniform weights reached 2.7e-4
+#: (benchmarks/results/minimax.md).
 _COARSE_WIDTHS = 32
 
 
@@ -312,12 +315,13 @@ def solve_minimax(
 
     Returns a SolverResult: x = X (n, n) with diag(X) <= 1, fun = its max_i Var_i / c_i (the upper
     bound), dual_bound = the best certified lower bound, gap = relative gap. extra: "u" (query weights
-    of the best lower bound), "variances" (Var_i(X), unweighted), "d" (the cell multipliers that bound paired with), "R" and
-    "basis" (X = U R^T R U^T with U = basis, None for I; the variances are computed from R),
+    of the best lower bound), "variances" (Var_i(X), unweighted), "d" (the cell multipliers of that bound), "R"
+    and "basis" (X = U R^T R U^T with U = basis, None for I; the variances are computed from R),
     "inner_solves", "newton_trials" (points tried by Newton steps: joint points, or inner solves once
     single steps take over), "history", "forms": ("direct",), ("transposed",) or, when the transposed
     form stopped short of tol in time, ("transposed", "direct") with the bounds of both (the counts and
-    histories added up). In the transposed form "u" and "d" are the transposed problem's "d" and "u". "coarse" is the coarse level's result, or None.
+    histories added up). In the transposed form "u" and "d" are the transposed problem's "d" and "u". "coarse"
+    is the coarse level's result, or None.
     """
     t_wall, t_cpu = time.perf_counter(), time.process_time()
     tol, step = check_positive_number(tol, "tol"), check_positive_number(step, "step")
@@ -424,7 +428,8 @@ def solve_minimax(
                                                      _NEWTON_MAX_STEPS, _NEWTON_MAX_CG, damping, _NEWTON_DAMPING_MAX,
                                                      _NEWTON_FLOOR, leaving("point", "inner"))
             certify(moved)
-            u, d_start = np.maximum(moved.u, 1e-12 * moved.u.max()) / moved.u.sum(), moved.d
+            u, d_start = np.maximum(moved.u, 1e-12 * moved.u.max()), moved.d
+            u = u / u.sum()
         except np.linalg.LinAlgError:
             pass
     res = None  # the inner solve at the current u, unless the start is certified already
