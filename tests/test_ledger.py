@@ -9,16 +9,21 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from answer_procs import (
+    EPS,
+    PROCESS_TIMEOUT,
+    answer_args,
+    spawn,
+    wait_for_files,
+    write_table,
+)
 
 import dpopt.release as rel
 from dpopt.data import Domain, IntegerRange
@@ -37,13 +42,9 @@ from dpopt.release import (
 )
 from dpopt.release_cli import EXIT_BAD_INPUT, EXIT_BUDGET, EXIT_OK, main
 
-SCRIPT = Path(__file__).with_name("answer_when_started.py")
-DOMAIN_SPEC = "a=int:0..3"
-EPS = 0.25  # per release; budgets are multiples of it (exact in binary)
 STEPS = ["before-lock", "locked", "loaded", "temp-written", "renamed", "noise-drawn",
          "answers-written"]
 CHARGED_BY = {"renamed", "noise-drawn", "answers-written"}  # steps reached after the charge is on disk
-PROCESS_TIMEOUT = 120.0
 
 
 def _charge(eps: float = EPS) -> Charge:
@@ -63,33 +64,7 @@ def _ledger_with(path: Path, total: float, n_charges: int) -> None:
 
 @pytest.fixture
 def table(tmp_path: Path) -> Path:
-    f = tmp_path / "t.csv"
-    pd.DataFrame({"a": np.arange(20) % 4}).to_csv(f, index=False)
-    return f
-
-
-def _answer_args(table: Path, ledger: Path, out: Path, budget: float) -> list[str]:
-    return ["--quiet", "--data", str(table), "--domain", DOMAIN_SPEC, "--workload", "identity",
-            "--epsilon", str(EPS), "--budget-epsilon", str(budget), "--ledger", str(ledger),
-            "--out", str(out)]
-
-
-def _spawn(args: list[str], ready: str = "-", start: str = "-",
-           env: dict[str, str] | None = None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(SCRIPT), ready, start, *args],
-                            env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-
-
-def _wait_for_files(paths: list[Path], procs: list[subprocess.Popen]) -> None:
-    deadline = time.monotonic() + PROCESS_TIMEOUT
-    while not all(p.exists() for p in paths):
-        dead = [q for q, p in zip(procs, paths, strict=True) if q.poll() is not None
-                and not p.exists()]
-        if dead:
-            raise AssertionError(f"a process exited early: {dead[0].communicate()}")
-        assert time.monotonic() < deadline, "processes did not reach the expected step in time"
-        time.sleep(0.02)
+    return write_table(tmp_path / "t.csv")
 
 
 # -- in one process -------------------------------------------------------------------------------
@@ -230,12 +205,12 @@ def test_cli_refuses_corrupt_ledger_and_leaves_it_alone(capsys, tmp_path: Path,
     path, out = tmp_path / "ledger.json", tmp_path / "out.csv"
     _write_state(path, _mutated(CORRUPT["overspent"][0]))
     before = path.read_text()
-    rc, stdout, err = _run(capsys, *_answer_args(table, path, out, 1.0))
+    rc, stdout, err = _run(capsys, *answer_args(table, path, out, 1.0))
     assert rc == EXIT_BAD_INPUT and stdout == "" and err.count("\n") == 1
     assert "ledger file" in err and "is corrupt" in err and "overspends the budget" in err
     assert path.read_text() == before and not out.exists()
     path.write_text(before[: len(before) // 2], encoding="utf-8")
-    rc, _, err = _run(capsys, *_answer_args(table, path, out, 1.0))
+    rc, _, err = _run(capsys, *answer_args(table, path, out, 1.0))
     assert rc == EXIT_BAD_INPUT and "not complete JSON" in err and not out.exists()
 
 
@@ -243,7 +218,7 @@ def test_cli_ledger_path_that_is_a_directory(capsys, tmp_path: Path, table: Path
     adir = tmp_path / "adir"
     adir.mkdir()
     before = sorted(tmp_path.iterdir())
-    rc, stdout, err = _run(capsys, *_answer_args(table, adir, tmp_path / "out.csv", 1.0))
+    rc, stdout, err = _run(capsys, *answer_args(table, adir, tmp_path / "out.csv", 1.0))
     assert rc == EXIT_BAD_INPUT and stdout == "" and err.count("\n") == 1
     assert "is a directory; expected the path of a JSON ledger file" in err
     assert sorted(tmp_path.iterdir()) == before and list(adir.iterdir()) == []
@@ -266,10 +241,10 @@ def test_concurrent_cli_runs_never_overspend(tmp_path: Path, table: Path) -> Non
     ledger, start = tmp_path / "ledger.json", tmp_path / "start"
     outs = [tmp_path / f"out{i}.csv" for i in range(n_procs)]
     ready = [tmp_path / f"ready{i}" for i in range(n_procs)]
-    procs = [_spawn(_answer_args(table, ledger, outs[i], n_fit * EPS), str(ready[i]), str(start))
+    procs = [spawn(answer_args(table, ledger, outs[i], n_fit * EPS), str(ready[i]), str(start))
              for i in range(n_procs)]
     try:
-        _wait_for_files(ready, procs)
+        wait_for_files(ready, procs)
         start.touch()  # every process is past its imports: release them together
         results = [p.communicate(timeout=PROCESS_TIMEOUT) for p in procs]
     finally:
@@ -296,11 +271,11 @@ def test_kill_at_every_step_leaves_a_ledger_covering_every_release(tmp_path: Pat
         _ledger_with(d / "ledger.json", 1.0, 1)
         marker = d / "paused"
         env = {rel.PAUSE_ENV: step, rel.PAUSE_MARKER_ENV: str(marker)}
-        procs.append(_spawn(_answer_args(table, d / "ledger.json", d / "out.csv", 1.0), env=env))
+        procs.append(spawn(answer_args(table, d / "ledger.json", d / "out.csv", 1.0), env=env))
         markers.append(marker)
         dirs.append(d)
     try:
-        _wait_for_files(markers, procs)
+        wait_for_files(markers, procs)
     finally:
         for p in procs:
             p.send_signal(signal.SIGKILL)
