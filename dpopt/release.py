@@ -15,9 +15,11 @@ mode is this module and nothing else:
   what was requested; the Gaussian sigma is the smallest OpenDP certifies at the requested
   (eps, delta), which is larger than the continuous Gaussian's exact calibration;
 - ``ledger_file(path)`` keeps the ledger in a JSON file shared by processes on one machine: an
-  exclusive lock (flock on ``path.lock``) is held from read to write, and each charge is written
-  atomically and fsynced before ``charge`` returns (write-ahead), so a crash at any instant can lose
-  budget but never leaves a release unrecorded; a corrupt or inconsistent file is refused;
+  exclusive lock (flock on the folder of the real file, symbolic links resolved, so that deleting
+  or renaming files beside the ledger cannot split it) is held from read to write, and each charge
+  is written atomically (``AtomicFile``) and fsynced before ``charge`` returns (write-ahead), so a
+  crash at any instant can lose budget but never leaves a release unrecorded; a corrupt,
+  inconsistent, non-UTF-8 or hard-linked file is refused;
 - if OpenDP cannot be imported, release mode refuses (``ReleaseUnavailableError``); it never falls
   back to numpy;
 - every row of the output says ``mode="release"``.
@@ -41,15 +43,17 @@ import functools
 import json
 import math
 import os
+import re
+import secrets
+import signal
 import stat
-import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TextIO
 
 try:
     import fcntl
@@ -400,10 +404,10 @@ class PrivacyLedger:
             if why is not None:
                 raise BudgetExceededError(f"privacy budget exceeded, nothing released: {why}")
             self._commit([*self._history, charge])
-            self._history.append(charge)
 
     def _commit(self, history: list[Charge]) -> None:
-        """Makes ``history`` durable before it becomes the ledger's state (in memory: nothing to do)."""
+        """Make ``history`` the ledger's state (a file ledger first makes it durable)."""
+        self._history = history
 
     def _state(self, history: Sequence[Charge]) -> dict[str, Any]:
         """JSON-friendly state with the given history."""
@@ -463,8 +467,9 @@ def _history_entries(history: Any) -> list[Charge]:
 
 # -- ledger file ----------------------------------------------------------------------------------
 # Test-only hook: when the environment names a step here, the process writes the step's name to the
-# file DPOPT_TEST_PAUSE_MARKER (if set) and sleeps, so a test can SIGKILL it at exactly that step.
-# Steps in order: before-lock, locked, loaded, temp-written, renamed, noise-drawn, answers-written.
+# file DPOPT_TEST_PAUSE_MARKER (if set) and sleeps, so a test can SIGKILL or interrupt it at exactly
+# that step.  Steps in order: before-lock, locked, loaded, temp-written, renamed, noise-drawn, and in
+# `dpopt answer` answers-temp-written, answers-written.
 PAUSE_ENV = "DPOPT_TEST_PAUSE_AT"
 PAUSE_MARKER_ENV = "DPOPT_TEST_PAUSE_MARKER"
 LOCK_TIMEOUT = 120.0  # seconds to wait for another process's release to finish
@@ -480,54 +485,131 @@ def _pause_point(step: str) -> None:
     time.sleep(600)
 
 
-def _fsync_dir(directory: Path) -> None:
-    """fsync a directory so a rename inside it survives a power loss."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+@contextmanager
+def sigint_deferred() -> Iterator[None]:
+    """Ctrl-C (SIGINT) during the block takes effect when the block ends: the block runs whole.
 
-
-def _write_atomic(path: Path, state: dict[str, Any]) -> None:
-    """Replace ``path`` by ``state`` as JSON: temp file in the same directory, fsync, rename, fsync dir.
-
-    A reader (or a crash) sees the old version or the new one, never a partial file.
+    Python runs signal handlers in the main thread only: elsewhere this does nothing (an interrupt
+    is raised in the main thread, not in the block), and so it does when the SIGINT handler was not
+    installed from Python.  On leaving the block the previous handler is restored and, if SIGINT
+    arrived, run (Python's default one raises KeyboardInterrupt).
     """
-    text = json.dumps(state, indent=2, allow_nan=False) + "\n"
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or previous is None:
+        yield
+        return
+    arrived: list[Any] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: arrived.append(frame))
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else 0o644
-            os.fchmod(fh.fileno(), mode)
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        _pause_point("temp-written")
-        os.replace(tmp, path)
-    except BaseException:
-        with suppress(OSError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(path.parent)
-    _pause_point("renamed")
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if arrived and callable(previous):
+            previous(signal.SIGINT, arrived[-1])
+        elif arrived and previous == signal.SIG_DFL:
+            signal.raise_signal(signal.SIGINT)
+
+
+def _temp_pattern(name: str) -> re.Pattern[str]:
+    """Names of AtomicFile's temp files for ``name``: '.NAME.PID.HEX8.tmp' (PID: the writer's)."""
+    return re.compile(rf"\.{re.escape(name)}\.(\d+)\.[0-9a-f]{{8}}\.tmp")
+
+
+class AtomicFile:
+    """A file that appears whole or not at all: a temp file beside it, fsynced, renamed over it.
+
+    folder_fd: an open descriptor of the folder (every step goes through it, so a rename of the
+    folder's path cannot split the write); name: the file's name in it; mode: its permissions.  The
+    temp file '.NAME.PID.HEX8.tmp' is created at once, which shows the folder takes a new file
+    before anything depends on it.  ``text()`` streams into it, ``flush()`` fsyncs it, ``replace()``
+    renames it over NAME and fsyncs the folder, ``discard()`` (also on leaving a ``with``) removes it
+    unless renamed.  A reader, or a crash at any instant, sees the old file or the new one.
+    """
+
+    def __init__(self, folder_fd: int, name: str, mode: int = 0o644, *, owns_folder: bool = False) -> None:
+        self.folder_fd, self.name = folder_fd, name
+        self.temp = f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        self._owns_folder = owns_folder
+        self._fd: int | None = None
+        self._pending = False  # a temp file of ours exists and has not been renamed
+        try:
+            self._fd = os.open(self.temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=folder_fd)
+            self._pending = True
+            os.fchmod(self._fd, mode)
+        except BaseException:
+            self.discard()
+            raise
+
+    @classmethod
+    def beside(cls, path: Path, mode: int = 0o644) -> AtomicFile:
+        """An AtomicFile for ``path`` (its folder opened here and closed by ``discard``, also when the
+        temp file cannot be created)."""
+        return cls(os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY), path.name, mode, owns_folder=True)
+
+    def text(self) -> TextIO:
+        """A UTF-8 text stream on the temp file (close it before ``flush``)."""
+        if self._fd is None:
+            raise ValueError(f"the temp file of {self.name!r} is closed")
+        return open(self._fd, "w", encoding="utf-8", newline="", closefd=False)
+
+    def flush(self) -> os.stat_result:
+        """fsync the temp file; returns its stat (the file's own once renamed)."""
+        if self._fd is None:
+            raise ValueError(f"the temp file of {self.name!r} is closed")
+        os.fsync(self._fd)
+        return os.fstat(self._fd)
+
+    def replace(self) -> None:
+        """Rename the temp file over the name, then fsync the folder so the rename is durable."""
+        os.replace(self.temp, self.name, src_dir_fd=self.folder_fd, dst_dir_fd=self.folder_fd)
+        self._pending = False
+        os.fsync(self.folder_fd)
+
+    def discard(self) -> None:
+        """Close the temp file and remove it unless it was renamed (idempotent)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        if self._pending:
+            self._pending = False
+            with suppress(OSError):
+                os.unlink(self.temp, dir_fd=self.folder_fd)
+        if self._owns_folder:
+            self._owns_folder = False
+            os.close(self.folder_fd)
+
+    def __enter__(self) -> AtomicFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.discard()
+
+
+def _shown(given: str | os.PathLike[str], real: Path) -> str:
+    """The path as typed, quoted, and the real file it leads to when that differs."""
+    typed = os.fspath(given)
+    same = os.path.abspath(typed) == str(real)
+    return repr(typed) if same else f"{typed!r} (the real file {str(real)!r})"
 
 
 def _ledger_path(path: str | os.PathLike[str]) -> Path:
-    """The ledger file path, refused if it is a directory or its directory does not exist."""
-    target = Path(path)
+    """The ledger's real path, symbolic links resolved (a charge locks and replaces the file they lead
+    to, never a link); refused if it is a folder, in a folder that does not exist, or not a regular file."""
+    typed = os.fspath(path)
+    target = Path(os.path.realpath(typed))
+    if target.is_symlink():
+        raise LedgerFileError(f"ledger path {typed!r}: its symbolic links form a loop")
     if target.is_dir():
-        raise LedgerFileError(f"ledger path {os.fspath(path)!r} is a directory; expected the path "
+        raise LedgerFileError(f"ledger path {_shown(typed, target)} is a directory; expected the path "
                               "of a JSON ledger file (created if absent)")
     if not target.parent.is_dir():
-        raise LedgerFileError(f"ledger path {os.fspath(path)!r}: directory {str(target.parent)!r} "
-                              "does not exist")
+        raise LedgerFileError(f"ledger path {typed!r}: directory {str(target.parent)!r} does not exist")
     if target.exists() and not target.is_file():
-        raise LedgerFileError(f"ledger path {os.fspath(path)!r} is not a regular file")
+        raise LedgerFileError(f"ledger path {_shown(typed, target)} is not a regular file")
     return target
 
 
-def _check_expected(led: PrivacyLedger, expect: Mapping[str, Any] | None, path: Path) -> None:
+def _check_expected(led: PrivacyLedger, expect: Mapping[str, Any] | None, shown: str) -> None:
     """Refuse a stored ledger whose totals or accounting differ from values the caller gave."""
     for key, given in (expect or {}).items():
         if key not in ("total_epsilon", "total_delta", "accounting"):
@@ -535,10 +617,63 @@ def _check_expected(led: PrivacyLedger, expect: Mapping[str, Any] | None, path: 
         stored = getattr(led, key)
         if given is not None and given != stored:
             raise LedgerFileError(
-                f"ledger file {str(path)!r} has {key}={stored!r} but {given!r} was given; an "
+                f"ledger file {shown} has {key}={stored!r} but {given!r} was given; an "
                 "existing ledger's totals and accounting cannot change (start a new ledger file "
                 "for a new budget)"
             )
+
+
+def _check_one_name(st: os.stat_result, shown: str) -> None:
+    """Refuse a ledger that is not a regular file or has more than one name (hard links)."""
+    if not stat.S_ISREG(st.st_mode):
+        raise LedgerFileError(f"ledger path {shown} is not a regular file")
+    if st.st_nlink > 1:
+        raise LedgerFileError(
+            f"ledger file {shown} has {st.st_nlink} names (hard links); a charge replaces the file "
+            "by a rename, after which the other names would keep the old budget: keep one name "
+            "(a symbolic link is followed to the real file)"
+        )
+
+
+def _parse_ledger(data: bytes, shown: str) -> PrivacyLedger:
+    """The ledger stored as ``data`` (UTF-8 JSON); LedgerCorruptError naming the file otherwise."""
+    refusal = "refusing to use it or to start a fresh ledger over it"
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise LedgerCorruptError(f"ledger file {shown} is corrupt (not UTF-8 text: {exc.reason} at "
+                                 f"byte {exc.start}); {refusal}") from None
+    try:
+        state = json.loads(text, parse_constant=_reject_constant)
+    except ValueError as exc:
+        raise LedgerCorruptError(f"ledger file {shown} is corrupt (not complete JSON: {exc}); "
+                                 f"{refusal}") from None
+    try:
+        return PrivacyLedger.from_dict(state)
+    except LedgerCorruptError as exc:
+        raise LedgerCorruptError(f"ledger file {shown} is corrupt: {exc}; {refusal}") from None
+
+
+def _read_in(folder_fd: int, name: str, shown: str) -> tuple[PrivacyLedger | None, os.stat_result | None]:
+    """(ledger, its stat) of the file ``name`` in the open folder; (None, None) if absent."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=folder_fd)
+    except FileNotFoundError:
+        return None, None
+    except OSError as exc:
+        raise LedgerFileError(f"ledger file {shown} cannot be read: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        _check_one_name(st, shown)
+        return _parse_ledger(fh.read(), shown), st
+
+
+def _open_folder(folder: Path, shown: str) -> int:
+    """A descriptor of the ledger's folder; LedgerFileError if it cannot be opened."""
+    try:
+        return os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as exc:
+        raise LedgerFileError(f"ledger path {shown}: cannot open its folder: {exc.strerror}") from None
 
 
 def read_ledger(
@@ -546,26 +681,21 @@ def read_ledger(
 ) -> PrivacyLedger | None:
     """The validated ledger stored at ``path`` (None if absent), read without locking.
 
-    Writes are atomic renames, so a read sees one whole version.  LedgerCorruptError if the file is
-    not a complete, consistent ledger; LedgerFileError if ``expect`` ({"total_epsilon": ...,
-    "total_delta": ..., "accounting": ...}, None values ignored) differs from what is stored.
+    Symbolic links are followed to the real file.  Writes are atomic renames, so a read sees one
+    whole version.  LedgerCorruptError if the file is not UTF-8 text holding a complete, consistent
+    ledger; LedgerFileError if it has several names (hard links) or if ``expect``
+    ({"total_epsilon": ..., "total_delta": ..., "accounting": ...}, None values ignored) differs
+    from what is stored.
     """
     target = _ledger_path(path)
+    shown = _shown(path, target)
+    folder_fd = _open_folder(target.parent, shown)
     try:
-        text = target.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return None
-    try:
-        state = json.loads(text, parse_constant=_reject_constant)
-    except ValueError as exc:
-        raise LedgerCorruptError(f"ledger file {str(target)!r} is corrupt (not complete JSON: "
-                                 f"{exc}); refusing to start a fresh ledger over it") from None
-    try:
-        led = PrivacyLedger.from_dict(state)
-    except LedgerCorruptError as exc:
-        raise LedgerCorruptError(f"ledger file {str(target)!r} is corrupt: {exc}; refusing to use "
-                                 "it or to start a fresh ledger over it") from None
-    _check_expected(led, expect, target)
+        led, _ = _read_in(folder_fd, target.name, shown)
+    finally:
+        os.close(folder_fd)
+    if led is not None:
+        _check_expected(led, expect, shown)
     return led
 
 
@@ -574,45 +704,140 @@ def _reject_constant(name: str) -> float:
     raise ValueError(f"non-finite number {name}")
 
 
+def _identity(st: os.stat_result | None) -> tuple[int, int, int, int] | None:
+    """What tells one version of a file from another: device, inode, size, modification time."""
+    return None if st is None else (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _same_inode(a: os.stat_result, b: os.stat_result) -> bool:
+    """True if the two stats are of one file (same device and inode)."""
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
 class FileLedger(PrivacyLedger):
     """A PrivacyLedger kept in a JSON file; obtained from ``ledger_file``, usable inside its block.
 
     ``charge`` writes the new history to the file atomically and durably (write-ahead) before it
-    returns, so a release draws noise only after its cost is on disk.  Outside the ``with`` block
-    (the file lock released) it refuses to charge.
+    returns, so a release draws noise only after its cost is on disk; the rename and the update of
+    the history in memory run under ``sigint_deferred``, so after Ctrl-C ``history`` says whether
+    the charge is on disk.  It refuses (LedgerFileError, nothing charged) when the file is no longer
+    the version it loaded (replaced, removed or given a second name by something that does not take
+    the lock).  Outside the ``with`` block (the lock released) it refuses to charge.
     """
 
-    def __init__(self, path: Path, ledger: PrivacyLedger) -> None:
+    def __init__(self, path: Path, ledger: PrivacyLedger, folder_fd: int, loaded: os.stat_result | None,
+                 shown: str) -> None:
         super().__init__(ledger.total_epsilon, ledger.total_delta, ledger.accounting)
         self.path = path
         self._history = ledger.history
+        self._folder_fd = folder_fd
+        self._version = _identity(loaded)
+        self._mode = 0o644 if loaded is None else stat.S_IMODE(loaded.st_mode)
+        self._shown = shown
         self._open = False
+
+    def charge(self, charge: Charge) -> None:
+        """Record ``charge`` in the file (see the class), or raise and change nothing."""
+        super().charge(charge)
+        _pause_point("renamed")
+
+    def _check_unchanged(self) -> None:
+        """Refuse to write unless the file is still the version loaded (or written) under the lock, in
+        the folder its path names."""
+        try:
+            st = os.stat(self.path.name, dir_fd=self._folder_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            st = None
+        if _identity(st) != self._version or (st is not None and st.st_nlink != 1):
+            raise LedgerFileError(
+                f"ledger file {self._shown} was replaced, removed or linked while this process held "
+                "its lock, by something that does not take the lock; nothing charged"
+            )
+        try:
+            moved = not _same_inode(os.stat(self.path.parent), os.fstat(self._folder_fd))
+        except FileNotFoundError:
+            moved = True
+        if moved:  # later readers of the path would not see this charge
+            raise LedgerFileError(f"the folder of ledger file {self._shown} was moved or removed while "
+                                  "this process held its lock; nothing charged")
 
     def _commit(self, history: list[Charge]) -> None:
         """Write ``history`` to the ledger file (atomic, fsynced) while the lock is held."""
         if not self._open:
-            raise LedgerFileError(f"ledger file {str(self.path)!r} is not locked; charge inside "
+            raise LedgerFileError(f"ledger file {self._shown} is not locked; charge inside "
                                   "'with ledger_file(path) as ledger:'")
-        _write_atomic(self.path, self._state(history))
+        self._check_unchanged()
+        text = json.dumps(self._state(history), indent=2, allow_nan=False) + "\n"
+        with AtomicFile(self._folder_fd, self.path.name, self._mode) as out:
+            with out.text() as fh:
+                fh.write(text)
+            written = out.flush()
+            _pause_point("temp-written")
+            with sigint_deferred():
+                out.replace()
+                self._history, self._version = history, _identity(written)
 
     def __repr__(self) -> str:
         return f"File{super().__repr__()[:-1]}; {str(self.path)!r})"
 
 
-def _remove_stale_temps(target: Path) -> None:
-    """Delete temp files a crashed writer left beside the ledger (call only with the lock held)."""
-    for tmp in target.parent.glob(f".{target.name}.*.tmp"):
-        with suppress(OSError):
-            tmp.unlink()
+def _alive(pid: int) -> bool:
+    """True unless no process with this pid exists (a pid that cannot exist counts as ended)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OverflowError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def _remove_stale_temps(folder_fd: int, name: str) -> None:
+    """Remove the temp files a crashed writer of ``name`` left in the folder (call with the lock held).
+
+    A file is removed only when both hold: it is named '.NAME.PID.HEX8.tmp' as AtomicFile names
+    them, and no process with that PID exists (os.kill(PID, 0) fails with ProcessLookupError).
+    Under the lock no writer of this ledger is between creating and renaming its temp file, so the
+    second rule only matters if something bypassed the lock; a reused PID keeps its file (so a
+    live writer's file is never removed, at worst a dead one's stays until its PID is free again).
+    """
+    pattern = _temp_pattern(name)
+    for entry in os.listdir(folder_fd):
+        found = pattern.fullmatch(entry)
+        if found and not _alive(int(found.group(1))):
+            with suppress(OSError):
+                os.unlink(entry, dir_fd=folder_fd)
+
+
+# Folders whose ledger lock a thread of this process holds: (st_dev, st_ino) -> thread id.
+_HELD: dict[tuple[int, int], int] = {}
+_HELD_GUARD = threading.Lock()
 
 
 @contextmanager
-def _exclusive_lock(target: Path, timeout: float) -> Iterator[None]:
-    """Hold flock(LOCK_EX) on the sidecar file ``target.lock`` (never renamed, so the lock holds)."""
+def _exclusive_lock(folder: Path, timeout: float, shown: str) -> Iterator[int]:
+    """Hold flock(LOCK_EX) on the ledger's folder itself; yields the folder's open descriptor.
+
+    A folder cannot be removed while it holds the ledger, nor replaced under an open descriptor, so
+    deleting or renaming files beside the ledger cannot split the lock (a sidecar lock file could be
+    deleted and re-created, letting a second process lock a new inode).  Ledgers in one folder share
+    the lock; a thread that already holds it is refused at once instead of waiting for itself.
+    """
     if fcntl is None:  # pragma: no cover
         raise LedgerFileError("ledger files need POSIX file locks (fcntl), unavailable here")
-    fd = os.open(target.with_name(target.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    fd = _open_folder(folder, shown)
     try:
+        st = os.fstat(fd)
+        key = (st.st_dev, st.st_ino)
+        with _HELD_GUARD:
+            if _HELD.get(key) == threading.get_ident():
+                raise LedgerFileError(f"ledger {shown}: this thread already holds the lock of its folder "
+                                      f"{str(folder)!r} (ledgers in one folder share one lock); use one "
+                                      "ledger_file block at a time there")
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -621,12 +846,16 @@ def _exclusive_lock(target: Path, timeout: float) -> Iterator[None]:
             except BlockingIOError:
                 if time.monotonic() > deadline:
                     raise LedgerFileError(
-                        f"ledger file {str(target)!r} stayed locked by another process for "
+                        f"ledger file {shown} stayed locked by another process for "
                         f"{timeout:g} s; try again when that release has finished") from None
                 time.sleep(0.01)
+        with _HELD_GUARD:
+            _HELD[key] = threading.get_ident()
         try:
-            yield
+            yield fd
         finally:
+            with _HELD_GUARD:
+                _HELD.pop(key, None)
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
@@ -642,24 +871,31 @@ def ledger_file(
 ) -> Iterator[FileLedger]:
     """Exclusive access to the ledger stored at ``path``: lock, load, yield a FileLedger.
 
-    The lock (flock on ``path + ".lock"``) is held for the whole block, so concurrent processes on
-    one machine charge one after the other; each charge is on disk before ``charge`` returns.
-    create: (total_epsilon, total_delta, accounting) of a new ledger if the file is absent (None:
-    an absent file is an error).  expect: totals the stored ledger must have (see read_ledger).
-    A corrupt file raises LedgerCorruptError; it is never replaced by a fresh ledger.
+    ``path`` may be a symbolic link: the real file is locked, read and replaced, the link stays.  The
+    lock (flock on the real file's folder, see ``_exclusive_lock``) is held for the whole block, so
+    concurrent processes on one machine charge one after the other; each charge is on disk before
+    ``charge`` returns.  A file with several names (hard links) is refused.  Temp files of crashed
+    writers are removed (``_remove_stale_temps``).  create: (total_epsilon, total_delta,
+    accounting) of a new ledger if the file is absent (None: an absent file is an error).  expect:
+    totals the stored ledger must have (see read_ledger).  A corrupt file raises
+    LedgerCorruptError; it is never replaced by a fresh ledger.
     """
     target = _ledger_path(path)
+    shown = _shown(path, target)
     _pause_point("before-lock")
-    with _exclusive_lock(target, timeout):
+    with _exclusive_lock(target.parent, timeout, shown) as folder_fd:
+        if _ledger_path(path) != target or not _same_inode(os.stat(target.parent), os.fstat(folder_fd)):
+            raise LedgerFileError(f"ledger path {shown} changed while waiting for its lock (a link or "
+                                  "its folder was moved); nothing charged, try again")
         _pause_point("locked")
-        _remove_stale_temps(target)
-        led = read_ledger(target, expect)
+        _remove_stale_temps(folder_fd, target.name)
+        led, loaded = _read_in(folder_fd, target.name, shown)
         if led is None:
             if create is None:
-                raise LedgerFileError(f"ledger file {str(target)!r} not found")
+                raise LedgerFileError(f"ledger file {shown} not found")
             led = PrivacyLedger(*create)
-            _check_expected(led, expect, target)
-        fled = FileLedger(target, led)
+        _check_expected(led, expect, shown)
+        fled = FileLedger(target, led, folder_fd, loaded, shown)
         _pause_point("loaded")
         fled._open = True
         try:

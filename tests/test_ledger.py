@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -83,8 +84,8 @@ def test_file_ledger_round_trip_and_charge_outside_block(tmp_path: Path) -> None
     with pytest.raises(LedgerFileError, match="not found"):
         with ledger_file(tmp_path / "absent.json"):
             pass
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["absent.json.lock", "ledger.json",
-                                                         "ledger.json.lock"]
+    # The lock is the folder's own (no lock file), so nothing but the ledger was created.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ledger.json"]
 
 
 def test_release_charges_the_file_before_drawing_noise(tmp_path: Path,
@@ -117,12 +118,26 @@ def test_release_charges_the_file_before_drawing_noise(tmp_path: Path,
 def test_lock_excludes_a_second_holder(tmp_path: Path) -> None:
     path = tmp_path / "ledger.json"
     _ledger_with(path, 1.0, 0)
-    with ledger_file(path):
-        t0 = time.monotonic()
-        with pytest.raises(LedgerFileError, match="stayed locked by another process"):
+    errors: list[BaseException] = []
+
+    def second_holder() -> None:
+        try:
             with ledger_file(path, timeout=0.2):
                 pass
+        except LedgerFileError as exc:
+            errors.append(exc)
+
+    with ledger_file(path):
+        t0 = time.monotonic()
+        other = threading.Thread(target=second_holder)  # another thread waits, then gives up
+        other.start()
+        other.join()
         assert time.monotonic() - t0 >= 0.2
+        assert len(errors) == 1 and "stayed locked by another process" in str(errors[0])
+        # The holding thread itself is refused at once rather than waiting for itself.
+        with pytest.raises(LedgerFileError, match="this thread already holds the lock of its folder"):
+            with ledger_file(path, timeout=60.0):
+                pass
     with ledger_file(path, timeout=0.2) as led:  # free again once the first holder left
         led.charge(_charge())
 
