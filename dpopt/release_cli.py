@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,7 @@ EXIT_OK = 0
 EXIT_BAD_INPUT = 2
 EXIT_BUDGET = 3
 EXIT_UNAVAILABLE = 4
+EXIT_INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, as shells report it
 
 DESCRIPTION = """\
 Answer a batch of counting queries on a table with differential privacy and write the noisy,
@@ -60,11 +63,16 @@ asked.  Without --ledger the release is not tracked across runs: nothing records
 spends its (eps, delta) again, and stderr says so (even with --quiet).  --ledger FILE keeps the
 budget across runs: created with --budget-epsilon/--budget-delta/--accounting (default: this
 release's eps, delta; basic), charged on every release, never overspent; those three options need
---ledger.  Concurrent runs on one machine take turns (lock file FILE.lock); each charge is written
-to FILE before any noise is drawn; a corrupt or inconsistent FILE is refused, never replaced.
+--ledger.  Concurrent runs on one machine take turns (a lock on the folder of FILE; a symbolic
+link is followed to the real file, a FILE with several hard links is refused); each charge is
+written to FILE before any noise is drawn; a corrupt, inconsistent or non-UTF-8 FILE is refused,
+never replaced.  --out is checked before anything is charged (its folder must take a new file; it
+may not be the --ledger, --data, --domain or --target-std file) and the answers file appears whole
+or not at all (temp file, fsync, rename); --out - (standard output) is written as it goes.
 
 exit status: {EXIT_OK} answers written; {EXIT_BAD_INPUT} bad input (one-line reason on stderr);
-{EXIT_BUDGET} privacy budget exceeded (nothing released); {EXIT_UNAVAILABLE} OpenDP unavailable.
+{EXIT_BUDGET} privacy budget exceeded (nothing released); {EXIT_UNAVAILABLE} OpenDP unavailable;
+{EXIT_INTERRUPTED} interrupted (Ctrl-C; one line on stderr says what was charged and whether answers were written).
 
 example (the embedded Fair survey; add --data FILE.csv --domain FILE.json:col,... for your own table):
   dpopt answer --domain fair:rate_marriage,religious,children \\
@@ -144,7 +152,8 @@ def add_answer_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="strategy selection: a name from dpopt's mechanism registry "
                         "(default: identity)")
     p.add_argument("--out", metavar="answers.csv", default="-",
-                   help="output CSV ('-' for standard output, the default)")
+                   help="output CSV ('-' for standard output, the default); checked before anything is "
+                        "charged, written whole or not at all")
     p.add_argument("--on-invalid", choices=("error", "drop"), default="error",
                    help="rows with missing or out-of-domain values: stop (default) or drop them")
     p.add_argument("--ledger", metavar="FILE.json",
@@ -238,16 +247,133 @@ def _check_ledger_early(args: argparse.Namespace) -> None:
         PrivacyLedger(*_ledger_create(args))  # validates the totals of the ledger to be created
 
 
-def _release(args: argparse.Namespace, mech: Any, x: Any, dom: Domain) -> tuple[Any, Any]:
+@dataclass
+class _Run:
+    """What a run of `dpopt answer` has done so far: the ledger it charged, where its answers went."""
+
+    ledger_path: str | None  # --ledger as typed
+    out: str  # --out as typed
+    ledger: Any = None  # the PrivacyLedger charged (a FileLedger for --ledger)
+    charges_before: int = 0  # its history's length before this release
+    answers: str = "none"  # "none", "partial" (standard output being written) or "whole"
+
+    def spent(self) -> str | None:
+        """This release's charge, as text (None if nothing was charged)."""
+        if self.ledger is None or len(self.ledger.history) <= self.charges_before:
+            return None
+        c = self.ledger.history[self.charges_before]
+        return f"eps={c.epsilon:.6g}, delta={c.delta:.3g} (rho={c.rho:.6g})"
+
+    def charged(self) -> str:
+        """Whether and how much the ledger was charged (the ledger is only named if there is one)."""
+        spent = self.spent()
+        if self.ledger_path is None:
+            released = spent is not None and self.answers != "none"
+            return (f"this release spent {spent} and is not tracked across runs" if released
+                    else "nothing was released")
+        return (f"the ledger {self.ledger_path!r} was not charged" if spent is None
+                else f"the ledger {self.ledger_path!r} was charged {spent}")
+
+    def interrupted(self) -> str:
+        """The one line printed on Ctrl-C."""
+        written = {"none": "no answers were written",
+                   "partial": "the answers on standard output may be incomplete",
+                   "whole": f"the answers were written to {self.out!r}" if self.out != "-"
+                            else "the answers were written to standard output"}[self.answers]
+        return f"interrupted: {self.charged()}; {written}"
+
+
+def _release(args: argparse.Namespace, mech: Any, x: Any, dom: Domain, run: _Run) -> pd.DataFrame:
     """Release through the ledger (the locked --ledger file, else a ledger for this run only)."""
     from dpopt.release import PrivacyLedger, ledger_file, release
 
     if args.ledger is None:
-        ledger = PrivacyLedger(*_ledger_create(args))
-        return release(mech, x, ledger, domain=dom), ledger
+        run.ledger = PrivacyLedger(*_ledger_create(args))
+        return release(mech, x, run.ledger, domain=dom)
     with ledger_file(args.ledger, create=_ledger_create(args),
                      expect=_ledger_expect(args)) as ledger:
-        return release(mech, x, ledger, domain=dom), ledger
+        run.ledger, run.charges_before = ledger, len(ledger.history)
+        return release(mech, x, ledger, domain=dom)
+
+
+def _input_files(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """(flag, path) of the files this run reads or keeps: answers must never overwrite them."""
+    files = [("--ledger", args.ledger), ("--data", args.data), ("--target-std", args.target_std)]
+    if args.domain is not None and ".json" in args.domain:  # FILE.json or FILE.json:columns
+        files.append(("--domain", args.domain.partition(".json")[0] + ".json"))
+    return [(flag, path) for flag, path in files if path is not None]
+
+
+def _same_file(real: Path, other: str) -> bool:
+    """True if ``other`` (through any links) is the file at ``real``, or would be once created."""
+    other_real = Path(os.path.realpath(other))
+    if other_real == real:
+        return True
+    try:
+        return os.path.samefile(real, other_real)
+    except OSError:  # one of them does not exist
+        return False
+
+
+def _out_target(args: argparse.Namespace) -> Path | None:
+    """The real file --out names (symbolic links resolved; None for standard output).
+
+    Refused (CliError, exit 2) before anything is charged: a folder, a path in a folder that does not
+    exist or under a file, a device or pipe, and any file the run reads or keeps (_input_files).
+    """
+    if args.out == "-":
+        return None
+    real = Path(os.path.realpath(args.out))
+    if real.is_dir():
+        raise CliError(f"--out {args.out!r} is a folder; expected the path of a CSV file to write "
+                       "(or - for standard output)")
+    if not real.parent.exists():
+        raise CliError(f"--out {args.out!r}: folder {str(real.parent)!r} does not exist")
+    if not real.parent.is_dir():
+        raise CliError(f"--out {args.out!r}: {str(real.parent)!r} is not a folder")
+    if real.exists() and not real.is_file():
+        raise CliError(f"--out {args.out!r} is not a regular file (a device or a pipe?); use --out - "
+                       "for standard output")
+    for flag, path in _input_files(args):
+        if _same_file(real, path):
+            raise CliError(f"--out {args.out!r} is the {flag} file; the answers would overwrite it: "
+                           "choose another --out")
+    return real
+
+
+def _open_answers(args: argparse.Namespace) -> Any:
+    """The answers' AtomicFile, its temp file already created (None for standard output); run just
+    before the charge, so a folder that takes no new file is refused with nothing charged."""
+    from dpopt.release import AtomicFile
+
+    target = _out_target(args)
+    if target is None:
+        return None
+    try:
+        mode = target.stat().st_mode & 0o7777 if target.exists() else 0o644
+        return AtomicFile.beside(target, mode)
+    except OSError as exc:
+        raise CliError(f"--out {args.out!r}: cannot write a file in folder {str(target.parent)!r}: "
+                       f"{exc.strerror or exc}") from None
+
+
+def _write_answers(answers: pd.DataFrame, sink: Any, run: _Run) -> None:
+    """Write the CSV: to the AtomicFile (fsync, then rename under sigint_deferred), or to stdout."""
+    from dpopt.release import _pause_point, sigint_deferred
+
+    if sink is None:
+        run.answers = "partial"
+        answers.to_csv(sys.stdout, index=False)
+        sys.stdout.flush()
+        run.answers = "whole"
+        return
+    with sink.text() as fh:
+        answers.to_csv(fh, index=False)
+    sink.flush()
+    _pause_point("answers-temp-written")
+    with sigint_deferred():
+        sink.replace()
+        run.answers = "whole"
 
 
 def _load_rows(args: argparse.Namespace) -> tuple[Any, Domain]:
@@ -337,7 +463,22 @@ def _fitness_for_use(args: argparse.Namespace, workload: Any, privacy: Any) -> t
 
 
 def answer_command(args: argparse.Namespace) -> int:
-    """Run `dpopt answer`; returns the exit status (0 ok, 2 bad input, 3 budget, 4 no OpenDP)."""
+    """Run `dpopt answer`; returns the exit status (0 ok, 2 bad input, 3 budget, 4 no OpenDP, 130 Ctrl-C).
+
+    Ctrl-C at any point ends the run with one line on stderr saying whether the ledger was charged
+    (and how much) and whether the answers were written; never a traceback.
+    """
+    run = _Run(args.ledger, args.out)
+    try:
+        return _answer(args, run)
+    except KeyboardInterrupt:
+        print(f"dpopt answer: {run.interrupted()}", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
+
+
+def _answer(args: argparse.Namespace, run: _Run) -> int:
+    """The steps of `dpopt answer`: check the inputs and --out, fit, open --out's temp file, charge and
+    release, write; ``run`` records what was charged and written."""
     from dpopt.mechanisms import make_mechanism
     from dpopt.privacy import Privacy
     from dpopt.release import (
@@ -348,61 +489,68 @@ def answer_command(args: argparse.Namespace) -> int:
         require_opendp,
     )
 
+    sink = None
     try:
-        if args.epsilon is None and args.target_std is None:
-            raise CliError("--epsilon is required (or --target-std, to ask for the epsilon needed)")
-        privacy = Privacy(1.0 if args.epsilon is None else args.epsilon, args.delta, calibration=args.calibration)
-        mech = make_mechanism(args.mechanism)
-        require_opendp()  # fail before the (possibly long) fit, not after it
-        if args.epsilon is not None:
-            _check_ledger_early(args)
-        x, dom = _load_rows(args)
-        workload = parse_workload(args.workload, dom)
-        m, n = workload.shape
-        t0 = time.perf_counter()
-        if args.target_std is not None:
-            _say(args, f"fitting the minimax strategy for the targets on {m} queries x {n} cells ...")
-            fitted, needed = _fitness_for_use(args, workload, privacy)
-            if fitted is None:
-                print(f"epsilon needed: {needed!r} (delta={args.delta!r}); nothing released", flush=True)
-                return EXIT_OK
-            mech = fitted
-        else:
-            _say(args, f"fitting {args.mechanism} on {m} queries x {n} cells ...")
-            _fit(args, mech, workload, privacy)
-        info = getattr(mech, "fit_info_", None)
-        status = f", {info.status}" if info is not None else ""
-        _say(args, f"fitted in {time.perf_counter() - t0:.2f} s{status}")
-        r = int(mech.strategy_.shape[0])
-        if r > NOISE_ESTIMATE_ROWS:  # OpenDP's secure samplers draw about 1e4 values a second
-            secs = noise_seconds(r, privacy.delta > 0)
-            _say(args, f"drawing {r} noisy measurements with OpenDP: about {secs:.0f} s")
-        answers, ledger = _release(args, mech, x, dom)
-    except (BudgetExceededError, ReleaseUnavailableError) as exc:
-        print(f"dpopt answer: {exc}", file=sys.stderr)
-        return EXIT_BUDGET if isinstance(exc, BudgetExceededError) else EXIT_UNAVAILABLE
-    except (ValueError, OSError, KeyError) as exc:
-        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        print(f"dpopt answer: error: {msg}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    try:
-        answers.to_csv(sys.stdout if args.out == "-" else args.out, index=False)
-    except BrokenPipeError:  # e.g. piped into `head`; the release itself is complete
-        return EXIT_OK
-    except OSError as exc:
-        print(f"dpopt answer: error: cannot write {args.out!r}: {exc} (the release was charged "
-              "to the ledger)", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        try:
+            if args.epsilon is None and args.target_std is None:
+                raise CliError("--epsilon is required (or --target-std, to ask for the epsilon needed)")
+            privacy = Privacy(1.0 if args.epsilon is None else args.epsilon, args.delta,
+                              calibration=args.calibration)
+            mech = make_mechanism(args.mechanism)
+            require_opendp()  # fail before the (possibly long) fit, not after it
+            if args.epsilon is not None:
+                _check_ledger_early(args)
+                _out_target(args)  # a bad --out is refused before the fit
+            x, dom = _load_rows(args)
+            workload = parse_workload(args.workload, dom)
+            m, n = workload.shape
+            t0 = time.perf_counter()
+            if args.target_std is not None:
+                _say(args, f"fitting the minimax strategy for the targets on {m} queries x {n} cells ...")
+                fitted, needed = _fitness_for_use(args, workload, privacy)
+                if fitted is None:
+                    print(f"epsilon needed: {needed!r} (delta={args.delta!r}); nothing released", flush=True)
+                    return EXIT_OK
+                mech = fitted
+            else:
+                _say(args, f"fitting {args.mechanism} on {m} queries x {n} cells ...")
+                _fit(args, mech, workload, privacy)
+            info = getattr(mech, "fit_info_", None)
+            status = f", {info.status}" if info is not None else ""
+            _say(args, f"fitted in {time.perf_counter() - t0:.2f} s{status}")
+            r = int(mech.strategy_.shape[0])
+            if r > NOISE_ESTIMATE_ROWS:  # OpenDP's secure samplers draw about 1e4 values a second
+                secs = noise_seconds(r, privacy.delta > 0)
+                _say(args, f"drawing {r} noisy measurements with OpenDP: about {secs:.0f} s")
+            sink = _open_answers(args)  # before the charge: nothing is spent on answers that cannot be written
+            answers = _release(args, mech, x, dom, run)
+        except (BudgetExceededError, ReleaseUnavailableError) as exc:
+            print(f"dpopt answer: {exc}", file=sys.stderr)
+            return EXIT_BUDGET if isinstance(exc, BudgetExceededError) else EXIT_UNAVAILABLE
+        except (ValueError, OSError, KeyError) as exc:
+            msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            print(f"dpopt answer: error: {msg}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        try:
+            _write_answers(answers, sink, run)
+        except BrokenPipeError:  # e.g. piped into `head`; the release itself is complete
+            return EXIT_OK
+        except OSError as exc:
+            print(f"dpopt answer: error: cannot write --out {args.out!r}: {exc.strerror or exc}; "
+                  f"{run.charged()}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+    finally:
+        if sink is not None:
+            sink.discard()  # removes the temp file unless it was renamed into place
     _pause_point("answers-written")
-    charge = ledger.history[-1]
-    spent = f"eps={charge.epsilon:.6g}, delta={charge.delta:.3g} (rho={charge.rho:.6g})"
+    spent = run.spent()
     if args.ledger is None:
         _say(args, f"released {len(answers)} answers (mode=release) to {args.out}")
         print(f"dpopt answer: this release spent {spent} and is not tracked across runs: nothing "
               "records it, and running again spends again; pass --ledger FILE to keep a privacy "
               "budget across runs", file=sys.stderr, flush=True)
         return EXIT_OK
-    rem = ledger.remaining()
+    rem = run.ledger.remaining()
     _say(args, f"released {len(answers)} answers (mode=release) to {args.out}; charged {spent} "
                f"to {args.ledger}; budget left: eps={rem['epsilon']:.6g}, delta={rem['delta']:.3g}"
                + (f" (rho={rem['rho']:.6g})" if math.isfinite(rem["rho"]) else ""))
