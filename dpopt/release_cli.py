@@ -298,7 +298,9 @@ def _release(args: argparse.Namespace, mech: Any, x: Any, dom: Domain, run: _Run
 
 def _input_files(args: argparse.Namespace) -> list[tuple[str, str]]:
     """(flag, path) of the files this run reads or keeps: answers must never overwrite them."""
-    files = [("--ledger", args.ledger), ("--data", args.data), ("--target-std", args.target_std)]
+    files = [("--ledger", args.ledger), ("--data", args.data)]
+    if args.target_std is not None and Path(args.target_std).is_file():  # else a number
+        files.append(("--target-std", args.target_std))
     if args.domain is not None and ".json" in args.domain:  # FILE.json or FILE.json:columns
         files.append(("--domain", args.domain.partition(".json")[0] + ".json"))
     return [(flag, path) for flag, path in files if path is not None]
