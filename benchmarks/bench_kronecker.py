@@ -6,7 +6,7 @@ process with one BLAS thread; seconds are medians of --runs fits (CPU by time.pr
 time.perf_counter), the CPU ratio is dense over per factor, and the two optima are compared within their
 certified gaps.
 
-    .venv/bin/python -m benchmarks.bench_kronecker [--specs kron:allrange:64,allrange:32] [--runs 3]
+    .venv/bin/python -m benchmarks.bench_kronecker [--specs kron:allrange:64,allrange:32] [--runs 3] [--quick]
 
 writes benchmarks/results/kronecker.csv and benchmarks/results/kronecker.md.
 """
@@ -57,10 +57,17 @@ def run(spec: str, privacy: Privacy, runs: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--specs", default="kron:allrange:64,allrange:32;kron:prefix:32,allrange:32",
-                    help="Kronecker workload specs separated by ';'")
-    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--specs", default=None,
+                    help="Kronecker workload specs separated by ';' (default "
+                         "kron:allrange:64,allrange:32;kron:prefix:32,allrange:32; --quick kron:allrange:16,allrange:8)")
+    ap.add_argument("--runs", type=int, default=None, help="fits per row, the median reported (default 3, --quick 1)")
+    ap.add_argument("--quick", action="store_true", help="one small workload, one fit (seconds; what `make bench` runs)")
     args = ap.parse_args()
+    if args.specs is None:
+        args.specs = ("kron:allrange:16,allrange:8" if args.quick
+                      else "kron:allrange:64,allrange:32;kron:prefix:32,allrange:32")
+    if args.runs is None:
+        args.runs = 1 if args.quick else 3
     privacy = Privacy(1.0, 1e-6)
     rows = []
     with threadpool_limits(limits=1, user_api="blas"):

@@ -168,18 +168,28 @@ def main() -> None:
     ap.add_argument("--tol", type=float, default=1e-6, help="certified gap for n <= 256")
     ap.add_argument("--tol-large", type=float, default=1e-4, help="certified gap for n > 256")
     ap.add_argument("--budget-large", type=float, default=1500.0, help="wall seconds per run for n > 256")
-    ap.add_argument("--scs", default="prefix:64,prefix:128,prefix:256,prefix:512,all-range:64",
-                    help="workload:n rows also solved by the conic model")
+    ap.add_argument("--scs", default=None,
+                    help="workload:n rows also solved by the conic model (default "
+                         "prefix:64,prefix:128,prefix:256,prefix:512,all-range:64; --quick: prefix:64)")
     ap.add_argument("--scs-tol", type=float, default=1e-6)
     ap.add_argument("--scs-limit", type=float, default=120.0)
     ap.add_argument("--direct", default="",
                     help="workload:n rows also solved as given (transpose=False), side by side with the default")
-    ap.add_argument("--runs", type=int, default=3, help="runs per row (the median is reported)")
+    ap.add_argument("--runs", type=int, default=None, help="runs per row (the median is reported; default 3, --quick 1)")
     ap.add_argument("--workloads", default="all-range,prefix,width32,wrange,marginals2")
-    ap.add_argument("--sizes", default="64,256,1024", help="n values")
+    ap.add_argument("--sizes", default=None, help="n values (default 64,256,1024; --quick 64)")
     ap.add_argument("--append", action="store_true",
                     help="keep the rows already in results/minimax.csv (a row run again replaces its old one)")
+    ap.add_argument("--quick", action="store_true",
+                    help="every workload at n = 64, one run, the conic model on prefix:64 (about a minute; "
+                         "what `make bench` runs)")
     args = ap.parse_args()
+    if args.sizes is None:
+        args.sizes = "64" if args.quick else "64,256,1024"
+    if args.runs is None:
+        args.runs = 1 if args.quick else 3
+    if args.scs is None:
+        args.scs = "prefix:64" if args.quick else "prefix:64,prefix:128,prefix:256,prefix:512,all-range:64"
     RESULTS.mkdir(exist_ok=True)
     rows: list[dict] = []
     conic: list[dict] = []
