@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from dpopt.cli import time_limit_arg
+from dpopt.validation import check_output_file, check_output_folder
 
 SWEEP_EPILOG = """\
 config file (TOML or JSON), e.g.:
@@ -26,7 +26,11 @@ config file (TOML or JSON), e.g.:
   n = [64, 128]
   m = [32]
 
-Results: one row per task (CSV). With --cache DIR an interrupted sweep resumes where it stopped."""
+Results: one row per task (CSV). With --cache DIR an interrupted sweep resumes where it stopped.
+--out and --plot must name files in existing, writable folders (checked before any task runs).
+
+exit status: 0 when at least one task finished; 1 when every task failed (status skipped, error or
+unavailable; the table is still written); 2 bad input (one-line reason on stderr)."""
 
 
 def _positive_int(text: str) -> int:
@@ -64,8 +68,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("config", help="sweep config, .toml or .json")
-    p.add_argument("--out", default=None, help="write the results here (.csv; default: CSV on stdout)")
-    p.add_argument("--plot", default=None, help="also draw mean error per mechanism and workload to this PNG")
+    p.add_argument("--out", default=None,
+                   help="write the results here (.csv in an existing folder; default: CSV on stdout)")
+    p.add_argument("--plot", default=None,
+                   help="also draw mean error per mechanism and workload to this PNG (in an existing folder)")
     _add_executor_options(p)
     p.set_defaults(func=_sweep)
 
@@ -81,8 +87,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     p.add_argument("--full", action="store_true", help="the paper's parameter ranges and repetitions")
     p.add_argument("--scale", choices=["small", "default", "full"], default=None,
                    help="small (seconds), default (minutes) or full (= --full)")
-    p.add_argument("--out", default="reproduce", help="output directory (default ./reproduce)")
-    p.add_argument("--plot", default=None, help="copy the figure to this PNG path as well")
+    p.add_argument("--out", default="reproduce",
+                   help="output folder (default ./reproduce); created if missing, inside an existing folder")
+    p.add_argument("--plot", default=None, help="copy the figure to this PNG path as well (in an existing folder)")
     p.add_argument("--repetitions", type=_positive_int, default=None, help="override the repetitions")
     p.add_argument("--epsilon", default=None, metavar="E[,E...]",
                    help="override the privacy levels (pure-DP errors scale exactly as 1/eps^2)")
@@ -101,15 +108,16 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
         help="run every hand-written solver beside its CVXPY model and check that they agree",
         description="For each pair (hand-written solver, CVXPY model) and each installed conic solver, solve "
         "the same instances and print objectives, relative differences, times and statuses. Exits 1 if a "
-        "convex pair differs by more than 1e-4 relative, or a non-convex solver (LRM) is more than 1%% "
+        "convex pair differs by more than 1e-4 relative, or a non-convex solver (LRM) is more than 1% "
         "worse than its reference.",
     )
     p.add_argument("--quick", action="store_true", help="small instances only (under a minute)")
     p.add_argument("--pairs", default=None, help="comma-separated pair names (default: all)")
     p.add_argument("--solvers", default=None, help="comma-separated conic solvers (default: all installed)")
     p.add_argument("--format", "-f", choices=["table", "markdown", "csv", "json"], default="table")
-    p.add_argument("--out", default=None, help="also write the table as CSV here")
-    p.add_argument("--plot", default=None, help="draw times and relative differences to this PNG")
+    p.add_argument("--out", default=None, help="also write the table as CSV here (in an existing folder)")
+    p.add_argument("--plot", default=None,
+                   help="draw times and relative differences to this PNG (in an existing folder)")
     p.set_defaults(func=_crossval)
 
 
@@ -118,22 +126,36 @@ def _check_workers(workers: int | None) -> None:
         raise ValueError(f"--workers must be >= 0, got {workers}")
 
 
+def _check_outputs(args: argparse.Namespace, files: tuple[str, ...] = ("out", "plot")) -> None:
+    """Refuse unusable output files (--out, --plot) before any work (`dpopt.validation.check_output_file`)."""
+    for name in files:
+        value = getattr(args, name, None)
+        if value:
+            check_output_file(value, f"--{name}")
+
+
 def _sweep(args: argparse.Namespace) -> int:
-    from dpopt.experiments import load_config, plot_sweep, run_sweep
+    from dpopt.experiments import FAILED_STATUSES, load_config, plot_sweep, run_sweep
 
     _check_workers(args.workers)
+    _check_outputs(args)
     cfg = load_config(args.config)
     if args.time_limit is not None:
         cfg.time_limit = args.time_limit
     df = run_sweep(cfg, max_workers=args.workers, scheduler=args.scheduler, cache=args.cache,
                    progress=not args.no_progress)
+    counts = df["status"].astype(str).str.split(":").str[0].value_counts()
+    summary = f"{len(df)} tasks ({', '.join(f'{k}: {v}' for k, v in counts.items())})"
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         df.to_csv(args.out, index=False)
-        counts = df["status"].astype(str).str.split(":").str[0].value_counts()
-        print(f"{len(df)} tasks ({', '.join(f'{k}: {v}' for k, v in counts.items())}); wrote {args.out}")
+        print(f"{summary}; wrote {args.out}")
     else:
         df.to_csv(sys.stdout, index=False)
+    failed = df["status"].astype(str).str.startswith(FAILED_STATUSES)
+    if failed.all():
+        first = str(df["status"].iloc[0]) if len(df) else "no tasks"
+        print(f"dpopt sweep: every task failed ({summary}); the first: {first}", file=sys.stderr)
+        return 1
     if args.plot:
         plot_sweep(df, args.plot)
     return 0
@@ -179,6 +201,8 @@ def _reproduce(args: argparse.Namespace) -> int:
     from dpopt.reproduce import reproduce
 
     _check_workers(args.workers)
+    check_output_folder(args.out, "--out")
+    _check_outputs(args, ("plot",))
     res = reproduce(args.name, full=args.full, scale=args.scale, out=args.out, max_workers=args.workers,
                     scheduler=args.scheduler, cache=args.cache, repetitions=args.repetitions,
                     epsilons=_numbers(args.epsilon, "--epsilon"), max_cells=_max_cells(args.max_cells),
@@ -192,6 +216,7 @@ def _reproduce(args: argparse.Namespace) -> int:
 def _crossval(args: argparse.Namespace) -> int:
     from dpopt.crossval import main_crossval
 
+    _check_outputs(args)
     pairs = [p.strip() for p in args.pairs.split(",") if p.strip()] if args.pairs else None
     solvers = [s.strip() for s in args.solvers.split(",") if s.strip()] if args.solvers else None
     return main_crossval(quick=args.quick, pairs=pairs, solvers=solvers, fmt=args.format, out=args.out,

@@ -330,8 +330,13 @@ class SweepConfig:
 
     def validate(self) -> None:
         """Check privacy values and templates before any task runs (ValueError naming the problem)."""
+        from dpopt.mechanisms.registry import MECHANISMS
         from dpopt.privacy import Privacy
 
+        unknown = sorted({m.name for m in self.mechanisms} - set(MECHANISMS))
+        if unknown:
+            raise SweepError(f"unknown mechanism(s) {', '.join(map(repr, unknown))}; expected some of "
+                             f"{', '.join(MECHANISMS)}")
         for e in self.epsilon:
             for dl in self.delta:
                 Privacy(e, dl, calibration=self.calibration)
@@ -429,9 +434,12 @@ def load_config(path: str | os.PathLike[str]) -> SweepConfig:
             d = json.loads(p.read_text())
         else:
             raise SweepError(f"sweep config must end in .toml or .json, got {p.name}")
-    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
-        raise SweepError(f"cannot parse {p}: {exc}") from None
-    return SweepConfig.from_mapping(d)
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise SweepError(f"cannot parse sweep config {p}: {exc}") from None
+    try:
+        return SweepConfig.from_mapping(d)
+    except ValueError as exc:  # SweepError, or a privacy value refused
+        raise SweepError(f"sweep config {p}: {exc}") from None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -473,6 +481,10 @@ def _constructor_kwargs(cls: Callable[..., Any], task: Task, seed: int) -> dict[
 
 def _m_float(m: int) -> float:
     return float(m) if m < 2**1000 else math.inf
+
+
+#: How the status of a task that produced no result starts (the rest say how the fit ended).
+FAILED_STATUSES = ("skipped", "error", "unavailable")
 
 
 def run_task(task: Task) -> dict[str, Any]:
@@ -798,7 +810,7 @@ def plot_sweep(df: pd.DataFrame, path: str | os.PathLike[str], metric: str = "ex
     """Grouped bars of the mean `metric` (over repetitions) per workload and mechanism, one panel per (eps, delta)."""
     if metric not in df:
         raise SweepError(f"no column {metric!r} in the sweep results (did every task fail?)")
-    ok = df[~df["status"].astype(str).str.startswith(("skipped", "error", "unavailable"))]
+    ok = df[~df["status"].astype(str).str.startswith(FAILED_STATUSES)]
     panels = list(ok.groupby(["epsilon", "delta"], sort=True))[:6]
     with saved_figure(path, 1, max(1, len(panels)), figsize=(5.0 * max(1, len(panels)), 3.6), squeeze=False) as (_, axes):
         for ax, ((eps, delta), g) in zip(axes.ravel(), panels, strict=False):

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
+import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -146,3 +149,63 @@ def check_gram(G: np.ndarray, *, name: str = "G", sym_rtol: float = 1e-10, allow
     if psd_rtol is not None:
         check_psd(np.linalg.eigvalsh(G), name, psd_rtol, scale)
     return G
+
+
+def _probe_writable(folder: Path) -> bool:
+    """True when a file can be created in `folder` (tried, not inferred from permission bits: root, read-only
+    mounts and pseudo file systems such as /proc answer differently than os.access says)."""
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            return True
+    except OSError:
+        return False
+
+
+def check_output_file(path: str | os.PathLike[str], what: str) -> Path:
+    """Refuse, before any work, an output file that cannot be written: its folder missing (no folder is created
+    for it), not a folder or not writable, or the path itself a folder. `what` names it (a flag such as --out)."""
+    p = Path(path)
+    folder = p.resolve().parent
+    if p.is_dir():
+        raise ValueError(f"cannot write {what} {path}: it is a folder; expected a file name")
+    if not folder.exists():
+        raise ValueError(f"cannot write {what} {path}: folder {folder} does not exist; expected an existing folder")
+    if not folder.is_dir():
+        raise ValueError(f"cannot write {what} {path}: {folder} is not a folder")
+    if p.exists():
+        try:
+            with open(p, "ab"):
+                pass
+        except OSError as exc:
+            raise ValueError(f"cannot write {what} {path}: {exc.strerror or exc}") from None
+    elif not _probe_writable(folder):
+        raise ValueError(f"cannot write {what} {path}: folder {folder} is not writable")
+    return p
+
+
+def check_output_folder(path: str | os.PathLike[str], what: str) -> Path:
+    """Refuse, before any work, an output folder that cannot be used: a file, not writable, or missing with a
+    missing or unwritable parent; a missing folder is created later only inside an existing one, never at the
+    file system root."""
+    p = Path(path)
+    if p.exists():
+        if not p.is_dir():
+            raise ValueError(f"cannot write into {what} {path}: it is a file; expected a folder")
+        if not _probe_writable(p):
+            raise ValueError(f"cannot write into {what} {path}: the folder is not writable")
+        return p
+    parent = p.resolve().parent
+    if not parent.is_dir():
+        raise ValueError(f"cannot create {what} {path}: its parent {parent} is not an existing folder; expected an "
+                         "existing folder or a new one inside an existing folder")
+    if parent == Path(parent.anchor):
+        raise ValueError(f"cannot create {what} {path}: it would be a new folder at the file system root; create it "
+                         "first or choose a folder below an existing one")
+    if not _probe_writable(parent):
+        raise ValueError(f"cannot create {what} {path}: its parent {parent} is not writable")
+    return p
+
+
+def count_text(k: int) -> str:
+    """A count for a message, to three significant digits ('1.08e+09'), also beyond float64 ('about 10^308')."""
+    return f"{k:.3g}" if k < 10**300 else f"about 10^{len(str(int(k))) - 1}"

@@ -17,7 +17,7 @@ from dpopt.reproduce.lrm_figures import lrm_experiments
 from dpopt.reproduce.om_figures import om_experiments
 from dpopt.reproduce.summary import figure_summary, pivot, plot_figure, usable
 from dpopt.reproduce.table2 import TABLE2_STRATEGIES, make_table2
-from dpopt.validation import check_time_limit
+from dpopt.validation import check_output_folder, check_time_limit
 
 
 def _registry() -> dict[str, Experiment]:
@@ -59,6 +59,8 @@ def reproduce(
         raise ValueError(f"unknown experiment {name!r}; expected one of {', '.join(EXPERIMENTS)}")
     scale = check_scale(scale or ("full" if full else "default"))
     tasks = exp.tasks(scale, repetitions, epsilons, max_cells, use_data, xs)
+    if out is not None:
+        check_output_folder(out, "output folder")  # before the work, not after it
     if time_limit is not None:
         tasks = [replace(t, time_limit=check_time_limit(time_limit)) for t in tasks]
     df = run_sweep(tasks, max_workers=max_workers, scheduler=scheduler, cache=cache, progress=progress,
@@ -77,7 +79,7 @@ def reproduce(
     files: dict[str, Path] = {}
     if out is not None:
         d = Path(out)
-        d.mkdir(parents=True, exist_ok=True)
+        d.mkdir(exist_ok=True)
         files["csv"] = d / f"{exp.name}.csv"
         files["summary"] = d / f"{exp.name}-summary.csv"
         files["png"] = d / f"{exp.name}.png"
