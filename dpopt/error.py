@@ -6,7 +6,7 @@ Conventions (every report carries them):
 - per_query: the variance of each query's answer (None when the workload has no listable rows),
   computed on first access: for a least-squares strategy it costs an n x n inverse and an m x n
   product, more than the total itself, and most callers only need the total;
-- rmse: sqrt(total / m);
+- rmse: sqrt(total / m); NaN when m is unknown (a workload given only by W^T W without its query count);
 - bias_sq: for relaxed strategies (W != B A), the data-dependent term ||(W - B A) x||^2 (LRM Theorem 3),
   reported separately and only when x is given.
 """
@@ -104,7 +104,7 @@ def expected_error(
         strategy=strategy.name,
         workload=workload.name,
         total=total,
-        rmse=math.sqrt(total / m) if math.isfinite(total) else math.inf,
+        rmse=(math.sqrt(total / m) if math.isfinite(total) else math.inf) if workload.queries_known else math.nan,
         m=m if isinstance(m, int) else int(m),
         sensitivity=sens,
         sensitivity_norm=privacy.norm,

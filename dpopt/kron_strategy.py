@@ -204,7 +204,20 @@ class KronMatrix(StructuredMatrix):
         for wt, part in _terms(w):
             v = np.ones(1)
             for f, P in zip(part.factors, self.factor_pinvs, strict=True):  # type: ignore[attr-defined]
-                Wk = f.matrix()
-                v = np.kron(v, np.einsum("ij,jk,ik->i", Wk, P, Wk))
+                v = np.kron(v, f.row_quadratic_forms(P))
             out.append(wt**2 * v)
         return np.concatenate(out)
+
+    def max_query_unit_variance(self, workload: Workload) -> float:
+        """The largest per-query variance per unit noise variance: each factor's variances are >= 0, so the largest
+        entry of their Kronecker product is the product of the factors' largest (never listing the m queries)."""
+        w = self._checked(workload)
+        if self.direct:
+            return 1.0
+        best = 0.0
+        for wt, part in _terms(w):
+            v = float(wt) ** 2
+            for f, P in zip(part.factors, self.factor_pinvs, strict=True):  # type: ignore[attr-defined]
+                v *= float(np.max(f.row_quadratic_forms(P)))
+            best = max(best, v)
+        return best

@@ -270,6 +270,11 @@ class MarginalMatrix(StructuredMatrix):
         out = self.reconstruct(self.blocks(y), workload)  # type: ignore[arg-type]
         return np.concatenate([wt * t.ravel() for wt, t in zip(workload.weights, out, strict=True)])
 
+    def max_query_unit_variance(self, workload: Marginals) -> float:
+        """The largest per-query variance per unit noise variance: every cell of a marginal has its marginal's."""
+        v = self.marginal_variances(workload)
+        return max(float(wt) ** 2 * float(vs) for wt, vs in zip(workload.weights, v, strict=True))
+
     def query_unit_variances(self, workload: Marginals) -> np.ndarray:
         """Variance of each workload query per unit noise variance: each marginal's cell variance, times its weight^2."""
         v = self.marginal_variances(workload)

@@ -81,6 +81,10 @@ class StructuredMatrix(ABC):
     def query_unit_variances(self, workload: Workload) -> np.ndarray:
         """w_i^T X^+ w_i for every query (m,)."""
 
+    def max_query_unit_variance(self, workload: Workload) -> float:
+        """The largest of `query_unit_variances` (the factored forms compute it without listing every query)."""
+        return float(np.max(self.query_unit_variances(workload)))
+
     def measured(self, data: np.ndarray | Records) -> np.ndarray:
         """The exact measurements A x (r,) through the factors."""
         return self.operator.matvec(data_vector(data, self.shape[1]))
@@ -360,8 +364,16 @@ class Strategy:
         if self.B is not None:
             return row_sq_norms(self.reconstruct(workload))
         self._check_cells(workload)
-        W = workload.sparse()
-        return np.asarray(W.multiply(np.asarray(W @ self.gram_pinv())).sum(axis=1)).ravel()
+        return workload.row_quadratic_forms(self.gram_pinv())
+
+    def max_query_unit_variance(self, workload: Workload | np.ndarray) -> float:
+        """max_i of `query_unit_variances`: the largest per-query variance per unit noise variance (seed 004 Prop. 3.3
+        per query), through A's structure where it has one (a Kronecker product's is the product of its factors'
+        largest), so that the m variances of a large structured workload are never listed."""
+        workload = as_workload(workload)
+        if isinstance(self.A, StructuredMatrix):
+            return self.A.max_query_unit_variance(workload)
+        return float(np.max(self.query_unit_variances(workload)))
 
     # -- measuring and answering -------------------------------------------------------------------
     def measured(self, data: np.ndarray | Records) -> np.ndarray:

@@ -90,6 +90,12 @@ class UnionKronMatrix(StructuredMatrix):
             [wt * p.matvec(x_hat[k]) for k, wt, p in zip(self.assignment, workload.weights, workload.parts, strict=True)]
         )
 
+    def max_query_unit_variance(self, workload: Stack) -> float:
+        """The largest per-query variance per unit noise variance: the largest over the terms, each through its part."""
+        self._check(workload)
+        return max((float(wt) / self.weights[k]) ** 2 * self.parts[k].max_query_unit_variance(p)
+                   for k, wt, p in zip(self.assignment, workload.weights, workload.parts, strict=True))
+
     def query_unit_variances(self, workload: Stack) -> np.ndarray:
         """Variance of each query's answer per unit noise variance: term j from part k, (w_j / w_k)^2 w_i^T X_k^+ w_i."""
         self._check(workload)

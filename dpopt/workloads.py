@@ -32,10 +32,18 @@ from dpopt.linalg import (
     operand,
     residual_rank,
 )
-from dpopt.validation import as_generator, check_finite_matrix, check_gram, check_positive_int
+from dpopt.validation import (
+    as_generator,
+    check_finite_matrix,
+    check_gram,
+    check_positive_int,
+    count_text,
+)
 
 # Dense matrices larger than this many entries are refused (8 bytes each: 2 GB).
 MAX_DENSE_ENTRIES = 250_000_000
+#: Entries of one block of rows times M in `Workload.row_quadratic_forms` (32 MB of float64).
+QUADRATIC_FORM_BLOCK = 4_000_000
 #: Largest domain on which a stack's column norms are scanned exactly (`Stack.max_column_norm`).
 EXACT_SENS_CELLS = 50_000_000
 
@@ -84,6 +92,11 @@ class Workload(ABC):
         """True when the rows can be materialised (dense or sparse) within MAX_DENSE_ENTRIES."""
         m, n = self.shape
         return m * n <= MAX_DENSE_ENTRIES and self.gram_log_scale == 0.0
+
+    @property
+    def queries_known(self) -> bool:
+        """True when m is the number of queries (a workload known only through W^T W may not say how many)."""
+        return True
 
     def sparse(self) -> sp.csr_matrix:
         """W as a scipy CSR matrix (m x n)."""
@@ -143,6 +156,31 @@ class Workload(ABC):
         top = float(column_norm_powers(self.stored(), norm).max())
         return top if norm == 1 else math.sqrt(top)
 
+    def range_bounds(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """(starts, ends) when query q sums the cells starts[q]..ends[q] (a 1-D range family), else None."""
+        return None
+
+    def row_quadratic_forms(self, M: np.ndarray) -> np.ndarray:
+        """w_i^T M w_i for every query (m,), M symmetric n x n: with M = (A^T A)^+ each query's variance per unit
+        noise (seed 004 Prop. 3.3 per query). A range family sums M over each query's square block from 2-D
+        prefix sums (O(n^2 + m)); other workloads go through their rows in blocks (about nnz(W) n operations)."""
+        M = np.asarray(M, dtype=float)
+        bounds = self.range_bounds()
+        if bounds is not None:
+            S = np.zeros((self.n + 1, self.n + 1))
+            S[1:, 1:] = M.cumsum(axis=0).cumsum(axis=1)
+            lo, hi = bounds[0], bounds[1] + 1
+            return S[hi, hi] - S[lo, hi] - S[hi, lo] + S[lo, lo]
+        W = self.stored()
+        step = max(1, QUADRATIC_FORM_BLOCK // self.n)
+        out = np.empty(self.m)
+        for i in range(0, self.m, step):
+            R = W[i : i + step]
+            P = np.asarray(R @ M)
+            out[i : i + step] = np.asarray(R.multiply(P).sum(axis=1)).ravel() if sp.issparse(R) else np.einsum(
+                "ij,ij->i", R, P)
+        return out
+
     def gram_matvec(self, v: np.ndarray) -> np.ndarray:
         """W^T W v through the Kronecker terms; v has shape (n,) or (n, k)."""
         out = None
@@ -172,7 +210,7 @@ class Workload(ABC):
         m, n = self.shape
         if not self.has_rows:
             raise WorkloadTooLargeError(
-                f"workload {self.name} has {m} x {n} entries; its rows cannot be materialised "
+                f"workload {self.name} has {count_text(m)} x {count_text(n)} entries; its rows cannot be materialised "
                 f"(limit {MAX_DENSE_ENTRIES} entries); use its Gram matrix instead"
             )
 
@@ -243,23 +281,35 @@ def as_workload(W: Workload | np.ndarray | sp.spmatrix, name: str = "explicit") 
 
 
 class GramWorkload(Workload):
-    """A workload known only through its Gram matrix W^T W (n x n, symmetric PSD); rows unavailable."""
+    """A workload known only through its Gram matrix W^T W (n x n, symmetric PSD); rows unavailable.
+
+    m, the number of queries, is not in W^T W: give it, or `queries_known` is False and the rank of G stands
+    in for the shape (any V with V^T V = G serves the strategy algebra), never for a per-query average.
+    """
 
     def __init__(self, gram: np.ndarray, name: str = "gram", m: int | None = None) -> None:
         self._G = check_gram(gram, name="Gram matrix", allow_zero=True, psd_rtol=1e-9)
-        self._m = m
+        self._m = None if m is None else check_positive_int(m, "m (the number of queries)")
         self.name = name
 
     @property
     def shape(self) -> tuple[int, int]:
-        # Without rows, the number of queries is unknown unless given; the rank is a valid stand-in
-        # for any V with V^T V = G.
         m = self._m if self._m is not None else int(np.linalg.matrix_rank(self._G))
         return (m, self._G.shape[0])
 
     @property
     def has_rows(self) -> bool:
         return False
+
+    @property
+    def queries_known(self) -> bool:
+        return self._m is not None
+
+    def _check_materialisable(self) -> None:
+        raise WorkloadTooLargeError(
+            f"workload {self.name} is known only through its Gram matrix W^T W: it has no rows to list, so what "
+            "needs the queries themselves (noise on each query, per-query variances) cannot run on it"
+        )
 
     def gram(self) -> np.ndarray:
         return self._G
@@ -293,6 +343,10 @@ class Identity(_Family):
     def gram(self) -> np.ndarray:
         return np.eye(self._n)
 
+    def range_bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        i = np.arange(self._n)
+        return i, i
+
 
 class Total(_Family):
     """Total(n): the single query summing all cells (seed 003)."""
@@ -307,6 +361,9 @@ class Total(_Family):
 
     def gram(self) -> np.ndarray:
         return np.ones((self._n, self._n))
+
+    def range_bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        return np.zeros(1, dtype=int), np.full(1, self._n - 1)
 
 
 class Prefix(_Family):
@@ -324,6 +381,9 @@ class Prefix(_Family):
 
     def row_labels(self) -> list[str]:
         return [f"[0,{i}]" for i in range(self._n)]
+
+    def range_bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        return np.zeros(self._n, dtype=int), np.arange(self._n)
 
 
 def range_rows(n: int, starts: np.ndarray, ends: np.ndarray) -> sp.csr_matrix:
@@ -353,6 +413,9 @@ class AllRange(_Family):
     def _bounds(self) -> tuple[np.ndarray, np.ndarray]:
         i, j = np.triu_indices(self._n)
         return i, j
+
+    def range_bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        return self._bounds()
 
     def sparse(self) -> sp.csr_matrix:
         self._check_materialisable()
@@ -392,8 +455,11 @@ class WidthK(Workload):
         return (self._n - self._k + 1, self._n)
 
     def sparse(self) -> sp.csr_matrix:
+        return range_rows(self._n, *self.range_bounds())
+
+    def range_bounds(self) -> tuple[np.ndarray, np.ndarray]:
         starts = np.arange(self._n - self._k + 1)
-        return range_rows(self._n, starts, starts + self._k - 1)
+        return starts, starts + self._k - 1
 
     def row_labels(self) -> list[str]:
         return [f"[{s},{s + self._k - 1}]" for s in range(self._n - self._k + 1)]
@@ -417,6 +483,9 @@ class WRange(Workload):
 
     def sparse(self) -> sp.csr_matrix:
         return range_rows(self._n, self._starts, self._ends)
+
+    def range_bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        return self._starts, self._ends
 
     def row_labels(self) -> list[str]:
         return [f"[{a},{b}]" for a, b in zip(self._starts, self._ends, strict=True)]
