@@ -26,7 +26,7 @@ from dpopt.kron_strategy import KronMatrix
 from dpopt.privacy import Perturb, Privacy, research_perturb
 from dpopt.solvers.result import MIN_SOLVER_SECONDS, Selection
 from dpopt.strategy import Strategy, StrategyError
-from dpopt.validation import check_finite_vector, check_time_limit
+from dpopt.validation import check_finite_vector, check_time_limit, count_text
 from dpopt.workloads import (
     MAX_DENSE_ENTRIES,
     Kron,
@@ -195,6 +195,19 @@ def _selection_key(mech: Mechanism, workload: Workload, privacy: Privacy) -> tup
             _fingerprint(np.asarray(entries, dtype=float)), privacy.is_pure, privacy.norm)
 
 
+#: Most cells of one dense strategy selection: its n x n matrices within MAX_DENSE_ENTRIES entries.
+DENSE_MAX_CELLS = math.isqrt(MAX_DENSE_ENTRIES)
+
+
+def dense_size_hint(workload: Workload) -> str:
+    """What fits a workload too large for one dense strategy: hdmm, when every factor of its product domain is
+    small enough; else nothing here (a one-factor domain of more than DENSE_MAX_CELLS cells)."""
+    sizes = workload.domain_sizes
+    if len(sizes) > 1 and max(sizes) <= DENSE_MAX_CELLS:
+        return "the factored mechanism 'hdmm' selects through its factors"
+    return ""
+
+
 def kronecker_factors(workload: Workload) -> Kron | None:
     """The workload as a Kronecker product of two or more 1-D factors, or None when it is not one (a factor
     with a scaled Gram, AllPredicate, has no factor form here)."""
@@ -265,16 +278,12 @@ class Mechanism(ABC):
         workload = as_workload(workload)
         if not isinstance(privacy, Privacy):
             raise MechanismError(f"{self.short_name}: privacy must be a dpopt.privacy.Privacy")
+        problem = self.size_problem(workload, privacy)
+        if problem is not None:
+            raise MechanismError(problem)
         kron, separable = self.factor_plan(workload, privacy)
         if kron is not None:
             return self._fit_per_factor(kron, workload, privacy, separable=separable)
-        if workload.n**2 > MAX_DENSE_ENTRIES:
-            form = ("a Kronecker workload, but this mechanism has no Kronecker form"
-                    if kronecker_factors(workload) is not None else "not a single Kronecker product")
-            raise MechanismError(
-                f"{self.short_name}: {workload.n:.3g} cells are too many for a dense strategy ({workload.name} is "
-                f"{form}); use the factored mechanism 'hdmm'"
-            )
         sel, wall, cpu = self._timed_select(workload, privacy)
         strategy = sel.strategy
         if not strategy.supports(workload, self.support_rtol):
@@ -293,6 +302,29 @@ class Mechanism(ABC):
         info = FitInfo(solver=sel.solver, status=sel.status, iterations=sel.iterations, wall_seconds=wall,
                        cpu_seconds=cpu, gap=sel.gap, message=sel.message, extra=sel.extra)
         return self._adopt(workload, workload, privacy, strategy, err, info)
+
+    def size_problem(self, workload: Workload, privacy: Privacy) -> str | None:
+        """Why `fit` refuses `workload` for its size, known before any fit (one line naming what would fit), or None.
+
+        A dense selection holds n x n matrices, so the cells it selects over (the whole domain, or each factor
+        of a Kronecker workload fitted per factor, `factor_plan`) must number at most DENSE_MAX_CELLS.
+        """
+        kron, _ = self.factor_plan(workload, privacy)
+        if kron is not None:
+            big = [f for f in kron.factors if f.n > DENSE_MAX_CELLS]
+            if not big:
+                return None
+            return (f"{self.short_name}: factor {big[0].name} of {workload.name} has {count_text(big[0].n)} cells, too many "
+                    f"for a dense strategy; expected at most {DENSE_MAX_CELLS} cells per factor")
+        if workload.n <= DENSE_MAX_CELLS:
+            return None
+        if kronecker_factors(workload) is not None:
+            form = "a Kronecker workload, but this mechanism has no Kronecker form"
+        else:
+            form = "not a single Kronecker product"
+        hint = dense_size_hint(workload)
+        return (f"{self.short_name}: {count_text(workload.n)} cells are too many for a dense strategy ({workload.name} is "
+                f"{form}); expected at most {DENSE_MAX_CELLS} cells" + (f"; {hint}" if hint else ""))
 
     def kronecker_policy(self, privacy: Privacy) -> str | None:
         """How a Kronecker workload W_1 (x) ... (x) W_d is fitted: None, only as one dense matrix; "large",

@@ -13,10 +13,18 @@ from typing import Any, ClassVar
 import numpy as np
 
 from dpopt.hdmm import select_strategy
-from dpopt.mechanisms.base import FitInfo, Mechanism, MechanismError, Selection, current_budget
+from dpopt.mechanisms.base import (
+    DENSE_MAX_CELLS,
+    FitInfo,
+    Mechanism,
+    MechanismError,
+    Selection,
+    current_budget,
+)
 from dpopt.privacy import Privacy
 from dpopt.solvers.result import TIME_LIMIT
 from dpopt.union_strategy import UnionKronMatrix
+from dpopt.validation import count_text
 from dpopt.workloads import (
     Kron,
     Marginals,
@@ -77,6 +85,8 @@ class HDMMMechanism(Mechanism):
         start = time.perf_counter()
         if not isinstance(privacy, Privacy):
             raise MechanismError(f"{self.short_name}: privacy must be a dpopt.privacy.Privacy")
+        if isinstance(workload, Workload) and (problem := self.size_problem(workload, privacy)) is not None:
+            raise MechanismError(problem)
         try:
             w = kron_form(workload)
             sel: Selection = select_strategy(w, privacy, **self._budget_options(start))
@@ -123,6 +133,19 @@ class HDMMMechanism(Mechanism):
             alt.extra["template"] = f"one factor over {w.n} cells (less error than the factored template)"
             return one, alt
         return w, sel
+
+    def size_problem(self, workload: Workload, privacy: Privacy) -> str | None:
+        """Why `fit` refuses `workload` for its size, before any fit, or None: each factor of its product domain is
+        selected over as one dense matrix (marginals are selected in closed form over their tables, at any size)."""
+        w = workload if isinstance(workload, Workload) else None
+        if w is None or isinstance(w, Marginals):
+            return None
+        big = [n for n in w.domain_sizes if n > DENSE_MAX_CELLS]
+        if not big:
+            return None
+        return (f"{self.short_name}: {w.name} has a factor of {count_text(big[0])} cells, too many for a dense strategy; "
+                f"expected at most {DENSE_MAX_CELLS} cells per factor (a product domain, kron:SPEC,SPEC or "
+                "marginals, is selected factor by factor)")
 
     def _comparison_bound(self) -> float:
         """P * SVDB like every other mechanism; the selection's certified bound is reported beside it."""

@@ -224,6 +224,12 @@ class MatrixMechanism(Mechanism):
             return self._fit_marginal_algebra(workload, privacy)
         return super()._fit(workload, privacy)  # type: ignore[return-value]
 
+    def size_problem(self, workload: Workload, privacy: Privacy) -> str | None:
+        """None for a marginal workload whose optimum is in closed form (any domain), else the dense size limit."""
+        if isinstance(workload, Marginals) and self._marginal_optimum_applies(privacy):
+            return None
+        return super().size_problem(workload, privacy)
+
     def _marginal_optimum_applies(self, privacy: Privacy) -> bool:
         """True for the convex optimum of the total error under (eps, delta) with least-squares answers."""
         return (self.strategy == "optimal" and self.objective == "sum" and self.inference == "ls"
