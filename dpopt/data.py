@@ -332,6 +332,33 @@ def _fmt_num(v: float) -> str:
     return str(int(v)) if math.isfinite(v) and float(v).is_integer() else repr(float(v))
 
 
+def _read_domain_json(path: str) -> dict[str, Any]:
+    """The {column: size} object of a domain file; ValueError naming the file when it is not one (invalid or
+    truncated JSON, another type, a column given twice)."""
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        seen: dict[str, Any] = {}
+        for key, value in items:
+            if key in seen:
+                raise ValueError(f"domain file {path!r}: key {key!r} appears twice; expected each column once")
+            seen[key] = value
+        return seen
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            sizes = json.load(fh, object_pairs_hook=pairs)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"domain file {path!r} is not valid JSON ({exc}); expected an object "
+                         "{column: size}") from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"domain file {path!r} is not UTF-8 text ({exc.reason} at byte {exc.start}); expected a "
+                         "JSON object {column: size}") from None
+    if not isinstance(sizes, dict):
+        raise ValueError(f"domain file {path!r} must hold a JSON object {{column: size}}, got "
+                         f"{type(sizes).__name__}")
+    return sizes
+
+
 def _check_name(name: Any) -> None:
     if not isinstance(name, str) or not name:
         raise ValueError(f"attribute name must be a non-empty string, got {name!r}")
@@ -374,11 +401,7 @@ class Domain:
         if isinstance(spec, Mapping):
             sizes = dict(spec)
         else:
-            with open(spec, encoding="utf-8") as fh:
-                sizes = json.load(fh)
-            if not isinstance(sizes, dict):
-                raise ValueError(f"domain file {os.fspath(spec)!r} must hold a JSON object "
-                                 f"{{column: size}}, got {type(sizes).__name__}")
+            sizes = _read_domain_json(os.fspath(spec))
         attrs = []
         for name, k in sizes.items():
             attrs.append(IntegerRange(str(name), 0, check_positive_int(k, f"domain size of column {name!r}") - 1))
@@ -521,6 +544,22 @@ class HistogramReport:
         return "; ".join(parts)
 
 
+class InvalidValueError(ValueError):
+    """A missing, out-of-domain or unseen value met by ``records(..., on_invalid="error")``: which column,
+    value and row (``position`` counts rows from 0, ``label`` is the DataFrame's index), and what was expected."""
+
+    def __init__(self, attr: Attribute, value: Any, reason: str, position: int, label: Any) -> None:
+        self.column, self.value, self.position, self.label = attr.name, value, position, label
+        self.what = {MISSING: f"missing value ({value!r})", OUTSIDE: f"value {value!r} is outside the domain",
+                     UNSEEN: f"unseen category {value!r}"}[reason]
+        self.expected = attr.expected()
+        self.catch_all = attr.other
+        bucket = f", or 'bucket' to count them as {attr.other!r}" if attr.other is not None else ""
+        super().__init__(f"column {attr.name!r}: {self.what} at row {position + 1} (counted from 1; index "
+                         f"{label!r}); expected {self.expected}; pass on_invalid='drop' to leave such rows "
+                         f"out{bucket}")
+
+
 # Largest domain whose data vector x is formed (float64: 400 MB).
 MAX_CELLS = 50_000_000
 
@@ -624,6 +663,10 @@ def records(
     if not isinstance(domain, Domain):
         raise ValueError(f"histogram needs a Domain, got {type(domain).__name__}")
     check_choice(on_invalid, ("error", "drop", "bucket"), "on_invalid")
+    twice = sorted({n for n in domain.names if int((df.columns == n).sum()) > 1})
+    if twice:
+        raise ValueError(f"column(s) {twice} of the domain appear more than once in the DataFrame; expected each "
+                         "column once")
     absent = [n for n in domain.names if n not in df.columns]
     if absent:
         raise ValueError(
@@ -645,15 +688,7 @@ def records(
         if bad.any():
             j = int(np.flatnonzero(bad)[0])
             if on_invalid == "error":
-                value = col.iloc[j]
-                what = {MISSING: f"missing value ({value!r})",
-                        OUTSIDE: f"value {value!r} is outside the domain",
-                        UNSEEN: f"unseen category {value!r}"}[reasons[j]]
-                raise ValueError(
-                    f"column {attr.name!r}: {what} at row {col.index[j]!r}; "
-                    f"expected {attr.expected()}; pass on_invalid='drop' or 'bucket' to count "
-                    "such rows instead"
-                )
+                raise InvalidValueError(attr, col.iloc[j], reasons[j], j, col.index[j])
             if on_invalid == "bucket":
                 if attr.other is None:
                     raise ValueError(

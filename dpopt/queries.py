@@ -14,6 +14,7 @@ data over another domain is refused by ``check_domain``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import combinations
 from typing import Any
@@ -22,7 +23,30 @@ import numpy as np
 import scipy.sparse as sp
 
 from dpopt.data import Attribute, Domain, NumericBins, _fmt_num
-from dpopt.workloads import ExplicitWorkload, Identity, Kron, Marginals, Stack, Workload, range_rows
+from dpopt.validation import count_text
+from dpopt.workloads import (
+    ExplicitWorkload,
+    Identity,
+    Kron,
+    Marginals,
+    Stack,
+    Workload,
+    WorkloadTooLargeError,
+    range_rows,
+)
+
+#: Most queries a workload over a Domain may have: each gets a label (a string of about 100 bytes, so 1 GB of
+#: labels here) and a release writes one row per query.
+MAX_LABELLED_QUERIES = 10_000_000
+
+
+def check_labelled_count(m: int, what: str, domain: Domain) -> None:
+    """Refuse, before any label is built, a domain-bound workload of more than MAX_LABELLED_QUERIES queries."""
+    if m > MAX_LABELLED_QUERIES:
+        raise WorkloadTooLargeError(
+            f"{what} on {domain!r} has {count_text(m)} queries; a workload over a data domain labels every query and a "
+            f"release answers each, at most {MAX_LABELLED_QUERIES:,}: expected fewer or coarser columns"
+        )
 
 
 class DomainMismatchError(ValueError):
@@ -268,6 +292,7 @@ def marginal_workload(domain: Domain, attributes: Sequence[str]) -> Workload:
     if not attributes:
         return total_workload(domain)
     sub = domain.project(attributes)
+    check_labelled_count(sub.size, f"the marginal over {', '.join(sub.names)}", domain)
     factors = {a.name: Identity(a.size) for a in sub.attributes}
     return _kron(domain, factors, f"marginal({','.join(sub.names)})", sub.cell_labels())
 
@@ -279,6 +304,8 @@ def marginals_workload(domain: Domain, k: int) -> Workload:
     if k == 0:
         return total_workload(domain)
     subsets = list(combinations(range(len(domain)), k))
+    check_labelled_count(sum(math.prod(domain.shape[i] for i in sub) for sub in subsets), f"all {k}-way marginals",
+                         domain)
     labels = [lab for s in subsets for lab in domain.project([domain.names[i] for i in s]).cell_labels()]
     W = Marginals([a.size for a in domain.attributes], subsets=subsets)
     W.name = f"marginals({k}-way)"
@@ -296,6 +323,7 @@ def range_workload(domain: Domain, attribute: str) -> Workload:
             f"range queries need an ordinal attribute; {a.name!r} is an unordered categorical"
         )
     k = a.n_regular
+    check_labelled_count(k * (k + 1) // 2, f"all ranges of {a.name!r}", domain)
     lo, hi = np.triu_indices(k)
     R = range_rows(a.size, lo, hi)
     labels = [_range_label(a, int(i), int(j)) for i, j in zip(lo, hi, strict=True)]
@@ -304,6 +332,7 @@ def range_workload(domain: Domain, attribute: str) -> Workload:
 
 def identity_workload(domain: Domain) -> Workload:
     """Every cell count (n rows), labelled with the cell's values."""
+    check_labelled_count(domain.size, "the identity (every cell)", domain)
     factors = {a.name: Identity(a.size) for a in domain.attributes}
     return _kron(domain, factors, "identity", domain.cell_labels())
 

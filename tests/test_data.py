@@ -84,12 +84,12 @@ def test_bins_edges() -> None:
 @pytest.mark.parametrize(
     ("column", "value", "pattern"),
     [
-        ("sex", "X", r"column 'sex': unseen category 'X' at row 1; expected one of \['F', 'M'\]"),
+        ("sex", "X", r"column 'sex': unseen category 'X' at row 2 \(counted from 1; index 1\); expected one of \['F', 'M'\]"),
         ("age", 30, r"column 'age': value 30 is outside the domain .*integer in \[20, 29\]"),
         ("age", 25.5, r"column 'age': value 25.5 is outside the domain"),
         ("age", "abc", r"column 'age': value 'abc' is outside the domain"),
         ("income", -1.0, r"column 'income': value -1.0 is outside the domain .*\[0, inf\]"),
-        ("race", np.nan, r"column 'race': missing value \(nan\) at row 1; expected one of \[1, 2, 3\]"),
+        ("race", np.nan, r"column 'race': missing value \(nan\) at row 2 \(counted from 1; index 1\); expected one of \[1, 2, 3\]"),
         ("sex", None, r"column 'sex': missing value \(None\)"),
     ],
 )
