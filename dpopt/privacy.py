@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
@@ -108,6 +109,44 @@ class Privacy:
         if self.is_pure:
             return rng.laplace(0.0, scale, size=size)
         return rng.normal(0.0, scale, size=size)
+
+
+#: Smallest positive delta whose ln(2/delta) is finite in float64 (2/delta overflows below it).
+MIN_DELTA = 2.0 / sys.float_info.max
+
+
+def _named(name: str, value: float) -> str:
+    """`--epsilon 1e-320` for a command-line flag, `epsilon=1e-320` for a parameter."""
+    return f"{name} {value!r}" if name.startswith("-") else f"{name}={value!r}"
+
+
+def check_privacy_range(privacy: Privacy, names: tuple[str, str] = ("epsilon", "delta")) -> float:
+    """P(eps, delta), refused unless it is a positive normal float64 (2/eps^2 or the Gaussian sigma^2).
+
+    ValueError in one line naming the parameter (`names`: how the caller calls epsilon and delta, e.g. the
+    flags --epsilon and --delta) and the range expected; `compare` and `answer` both run it before any fit.
+    """
+    eps_name, delta_name = names
+    if 0.0 < privacy.delta < MIN_DELTA:
+        raise ValueError(
+            f"{_named(delta_name, privacy.delta)} is too small: ln(2/delta) overflows float64; expected 0 "
+            f"(eps-DP) or a delta of at least {MIN_DELTA:.2g}"
+        )
+    try:
+        factor = privacy.variance_factor
+    except (OverflowError, ZeroDivisionError, ValueError):
+        factor = math.inf if privacy.epsilon < 1 else 0.0
+    if not math.isfinite(factor):
+        raise ValueError(
+            f"{_named(eps_name, privacy.epsilon)} is too small: the noise variance factor P(eps, delta) overflows "
+            "float64; expected epsilon of about 1e-150 or more"
+        )
+    if factor < sys.float_info.min:
+        raise ValueError(
+            f"{_named(eps_name, privacy.epsilon)} is too large: the noise variance factor P(eps, delta) = "
+            f"{factor!r} underflows float64; expected epsilon of about 1e150 or less"
+        )
+    return factor
 
 
 # A noise source: perturb(y, sensitivity) returns the exact measurements y (any shape) plus noise

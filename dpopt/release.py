@@ -237,12 +237,13 @@ def zcdp_budget(epsilon: float, delta: float) -> float:
     """Largest rho whose conversion ``zcdp_to_dp_epsilon(rho, delta)`` is at most epsilon.
 
     Solving rho + 2 sqrt(rho L) = epsilon with L = ln(1/delta) for sqrt(rho):
-    sqrt(rho) = sqrt(L + epsilon) - sqrt(L).
+    sqrt(rho) = sqrt(L + epsilon) - sqrt(L) = epsilon / (sqrt(L + epsilon) + sqrt(L)), the second form
+    without the cancellation that makes the first 0 for epsilon below L * 1e-16.
     """
     if not epsilon > 0 or not 0 < delta < 1:
         raise ValueError(f"need epsilon > 0 and 0 < delta < 1, got {epsilon}, {delta}")
     L = math.log(1.0 / delta)
-    return (math.sqrt(L + epsilon) - math.sqrt(L)) ** 2
+    return (epsilon / (math.sqrt(L + epsilon) + math.sqrt(L))) ** 2
 
 
 # -- ledger ---------------------------------------------------------------------------------------
