@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import decimal
 import sys
 import textwrap
 from collections.abc import Sequence
+from typing import Any
 
 from dpopt.specs import SPEC_HELP, SpecError, parse_workload
 from dpopt.validation import parse_time_limit
@@ -23,14 +25,55 @@ def add_privacy_flags(p: argparse.ArgumentParser, epsilon_help: str | None = Non
     `epsilon_help` says when it may be left out)."""
     from dpopt.privacy import CALIBRATIONS, DEFAULT_CALIBRATION
 
-    p.add_argument("--epsilon", "-e", type=float, required=epsilon_help is None, default=None, metavar="E",
+    p.add_argument("--epsilon", "-e", type=real_arg, required=epsilon_help is None, default=None, metavar="E",
                    help=epsilon_help or "privacy parameter epsilon > 0")
-    p.add_argument("--delta", "-d", type=float, default=0.0, metavar="D",
+    p.add_argument("--delta", "-d", type=real_arg, default=0.0, metavar="D",
                    help="delta in [0, 1); 0 (default) means eps-DP with Laplace noise")
     p.add_argument("--calibration", choices=CALIBRATIONS, default=DEFAULT_CALIBRATION,
                    help=f"Gaussian calibration of the error model when delta > 0: the seeds' classic sigma "
                         f"(default: {DEFAULT_CALIBRATION}) or the analytic Gaussian; a release (dpopt answer) "
                         "always draws the smallest sigma OpenDP certifies")
+
+
+def real_arg(text: str) -> float:
+    """A number flag (--epsilon, --delta) as a float; refused when its decimal value is not 0 but rounds to 0 in
+    float64, which would change its meaning (--delta 1e-400 would silently be eps-DP)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if value == 0.0:
+        try:
+            exact = decimal.Decimal(text.strip())
+        except decimal.InvalidOperation:
+            exact = decimal.Decimal(0)
+        if exact.is_finite() and exact != 0:
+            raise argparse.ArgumentTypeError(
+                f"{text} rounds to 0 in double precision (below 5e-324); expected 0 or a number that float64 holds")
+    return value
+
+
+def privacy_from_flags(epsilon: float, delta: float, calibration: str) -> Any:
+    """The Privacy of --epsilon, --delta and --calibration, refused in one line naming the flag when P(eps, delta)
+    leaves float64 (`dpopt.privacy.check_privacy_range`): the one check of `compare` and `answer`."""
+    from dpopt.privacy import Privacy, check_privacy_range
+
+    privacy = Privacy(epsilon, delta, calibration=calibration)
+    check_privacy_range(privacy, ("--epsilon", "--delta"))
+    return privacy
+
+
+def mechanism_names(text: str | None) -> list[str] | None:
+    """-m/--mechanisms: the comma-separated names, or None (every mechanism) when the flag is absent."""
+    if text is None:
+        return None
+    names = [m.strip() for m in text.split(",") if m.strip()]
+    if not names:
+        from dpopt.mechanisms.registry import MECHANISMS
+
+        raise ValueError(f"-m/--mechanisms {text!r} names no mechanism; expected comma-separated names from "
+                         f"{', '.join(MECHANISMS)} (leave -m out to run every one)")
+    return names
 
 
 def time_limit_arg(text: str) -> float | None:
@@ -49,6 +92,7 @@ def _paragraphs(text: str) -> str:
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser (subcommands register themselves here)."""
     from dpopt.compare import DEFAULT_TIME_LIMIT
+    from dpopt.mechanisms.base import DENSE_MAX_CELLS
     from dpopt.mechanisms.registry import MECHANISMS
 
     parser = _Parser(prog="dpopt", description="Optimal strategies for linear counting queries under differential privacy.")
@@ -64,16 +108,23 @@ def build_parser() -> argparse.ArgumentParser:
         "bound, sorted by error: P * SVD bound under (eps, delta); under eps-DP the tightest bound certified "
         "(bound_kind l2-optimum: P_eps times the certified optimum of trace(W^T W X^+) over diag(X) <= 1, "
         "valid as sens1 >= sens2). JSON records carry: mechanism, expected_total_error, rmse, "
-        "max_query_std (the largest per-query standard deviation), bound, ratio_to_bound, release_total_error (the error of the same strategy released by `dpopt answer`, "
+        "max_query_std (the largest per-query standard deviation, computed through the strategy's structure), bound, "
+        "ratio_to_bound, release_total_error (the error of the same strategy released by `dpopt answer`, "
         "whose Gaussian noise is the sigma OpenDP certifies, not the calibration's), fit_seconds, solver, "
-        "status (and more); json and csv print every number to "
+        "status, note (why a number is missing, such as the max_query_std of a workload known only through W^T W; "
+        "the table's footer lists the notes) and more; json and csv print every number to "
         "full double precision (it reads back to the same float).\n\n"
         "The classic Gaussian calibration sigma = sens2 sqrt(2 ln(2/delta))/eps is not (eps, delta)-DP at "
         "large eps (from about eps = 10 at delta = 1e-6): when the exact delta it achieves (Balle and Wang "
         "2018) exceeds --delta, compare still prints its numbers but warns on stderr and starts every row's "
         "status with 'classic-calibration-invalid: achieves delta=... > requested ...'; use --calibration "
         "analytic for a valid sigma. epsilon so small or large that P(eps, delta) overflows or underflows "
-        "float64 is refused.\n\n"
+        "float64 is refused, as is a delta whose ln(2/delta) overflows or a non-zero value that rounds to 0 "
+        "(--delta 1e-400 would be eps-DP).\n\n"
+        f"A mechanism that cannot fit the workload's size (a dense strategy spans at most {DENSE_MAX_CELLS} cells, or "
+        f"{DENSE_MAX_CELLS} per factor of a Kronecker workload fitted factor by factor) is skipped before any fit, its row "
+        "saying why; when none of the mechanisms asked for can fit it, compare refuses (exit 2) and says "
+        "what would fit.\n\n"
         "Mechanisms run fastest first, each within --time-limit; progress goes to stderr. The table format "
         "prints the privacy setting and what ratio_to_bound means, each row as it finishes, then the table "
         "sorted by error and the winner. Ctrl-C prints the rows that finished and exits with status 130."),
@@ -82,7 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--workload", "-w", default="allrange:256", help="workload spec (default allrange:256)")
     add_privacy_flags(p)
-    p.add_argument("--mechanisms", "-m", default=None, help="comma-separated short names (default: all available)")
+    p.add_argument("--mechanisms", "-m", default=None,
+                   help="comma-separated short names (default: all available; an empty list is refused)")
     p.add_argument("--format", "-f", choices=["table", "markdown", "csv", "json"], default="table")
     p.add_argument("--plot", default=None,
                    help="also draw the comparison as a bar chart to this PNG file (its folder must exist)")
@@ -93,7 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "skipped with the estimate")
     p.add_argument("--objective", choices=["sum", "max"], default="sum",
                    help="what mm-optimal minimises: the total squared error (default) or the largest per-query "
-                        "variance (certified minimax); every row reports max_query_std")
+                        "variance (certified minimax; refused when -m leaves out mm-optimal); every row reports "
+                        "max_query_std")
     p.set_defaults(func=_compare)
 
     from dpopt.release_cli import add_answer_parser
@@ -108,13 +161,27 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _compare(args: argparse.Namespace) -> int:
     """Run `dpopt compare`; returns the exit status."""
-    from dpopt.compare import main_compare
-    from dpopt.privacy import Privacy
+    from dpopt.compare import check_fits_some, main_compare, mechanism_order
 
-    mechs = [m.strip() for m in args.mechanisms.split(",") if m.strip()] if args.mechanisms else None
-    privacy = Privacy(args.epsilon, args.delta, calibration=args.calibration)
-    return main_compare(parse_workload(args.workload), privacy, mechs, args.format, args.plot,
-                        time_limit=args.time_limit, objective=args.objective)
+    mechs = mechanism_names(args.mechanisms)
+    if args.objective == "max" and mechs is not None and "mm-optimal" not in mechs:
+        raise ValueError(f"--objective max applies to mm-optimal only (its certified minimax); -m {args.mechanisms} "
+                         "does not include it; expected mm-optimal among -m/--mechanisms")
+    privacy = privacy_from_flags(args.epsilon, args.delta, args.calibration)
+    workload = workload_from_flag(args.workload)
+    check_fits_some(workload, privacy, mechanism_order(mechs), label=f"--workload {args.workload}")
+    return main_compare(workload, privacy, mechs, args.format, args.plot, time_limit=args.time_limit,
+                        objective=args.objective)
+
+
+def workload_from_flag(spec: str, domain: Any = None, flag: str = "--workload") -> Any:
+    """The workload of a --workload SPEC; a spec error names the flag and the spec the user typed."""
+    try:
+        return parse_workload(spec, domain)
+    except ValueError as exc:  # SpecError, or a workload refused by its builder (size, unknown column)
+        raise SpecError(f"{flag} {spec!r}: {exc}") from None
+    except MemoryError:
+        raise SpecError(f"{flag} {spec!r}: not enough memory to build this workload; expected a smaller one") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -130,6 +197,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return int(args.func(args))  # every subcommand sets its handler
         except (SpecError, ValueError) as exc:
             print(f"dpopt: error: {exc}", file=sys.stderr)
+            return 2
+        except MemoryError as exc:
+            print(f"dpopt: error: out of memory ({str(exc).splitlines()[0] if str(exc) else 'MemoryError'}); "
+                  "expected a smaller workload", file=sys.stderr)
             return 2
 
 

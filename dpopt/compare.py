@@ -5,13 +5,11 @@ from __future__ import annotations
 import functools
 import json
 import math
-import os
 import sys
 import threading
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any, TextIO
 
 import numpy as np
@@ -29,10 +27,10 @@ from dpopt.mechanisms.registry import (
     make_mechanism,
 )
 from dpopt.plotting import saved_figure
-from dpopt.privacy import Privacy
+from dpopt.privacy import Privacy, check_privacy_range
 from dpopt.strategy import StrategyError
-from dpopt.validation import check_time_limit
-from dpopt.workloads import MAX_DENSE_ENTRIES, Workload, WorkloadTooLargeError
+from dpopt.validation import check_output_file, check_time_limit, count_text
+from dpopt.workloads import MAX_DENSE_ENTRIES, GramWorkload, Workload, WorkloadTooLargeError
 
 COLUMNS = [
     "mechanism",
@@ -53,25 +51,6 @@ COLUMNS = [
 
 # Relative slack on the delta check: the Balle-Wang delta is computed to about 1e-12 relative.
 DELTA_RTOL = 1e-9
-
-
-def check_privacy_range(privacy: Privacy) -> float:
-    """P(eps, delta), refused unless it is a positive normal float64 (2/eps^2 or the Gaussian sigma^2)."""
-    try:
-        factor = privacy.variance_factor
-    except (OverflowError, ZeroDivisionError, ValueError):
-        factor = math.inf if privacy.epsilon < 1 else 0.0
-    if not math.isfinite(factor):
-        raise ValueError(
-            f"epsilon={privacy.epsilon!r} is too small: the noise variance factor P(eps, delta) overflows "
-            "float64; expected epsilon of about 1e-150 or more"
-        )
-    if factor < sys.float_info.min:
-        raise ValueError(
-            f"epsilon={privacy.epsilon!r} is too large: the noise variance factor P(eps, delta) = {factor!r} "
-            "underflows float64; expected epsilon of about 1e150 or less"
-        )
-    return factor
 
 
 def calibration_problem(privacy: Privacy) -> str | None:
@@ -221,27 +200,75 @@ def _skipped_row(name: str, workload: Workload, why: str) -> dict[str, Any]:
             "status": f"skipped: {why}"}
 
 
-# Per-query variances are computed for max_query_std when the reconstruction has at most this many entries.
-MAX_QUERY_VARIANCE_ENTRIES = 50_000_000
+# max_query_std is computed from a dense strategy's per-query variances (w_i^T X^+ w_i over the rows of W) when that
+# takes at most this many multiply-adds (about 10 s); range families and factored strategies need far fewer.
+MAX_QUERY_VARIANCE_OPS = 20_000_000_000
 
 
-def max_query_std(mech: Any) -> float:
-    """sqrt(max_i Var(q_i)): the largest per-query standard deviation of a fitted mechanism's error model.
+def _dense_variance_ops(strategy: Any, workload: Workload) -> float:
+    """Multiply-adds of the per-query variances of a dense least-squares strategy: nnz(W) n through W's rows,
+    (n^2 + m) for a range family; 0 when the strategy's structure or given B computes them another way."""
+    if strategy.factored or strategy.B is not None:
+        return 0.0
+    if workload.range_bounds() is not None:
+        return float(workload.n) ** 2 + float(workload.m)
+    W = workload.stored()
+    return float(W.nnz if hasattr(W, "nnz") else W.size) * workload.n
 
-    From the error report's per-query variances (through the factors for a factored strategy); NaN when the
-    queries are too many to list, or the workload has no rows to list (known by its Gram, or too large).
-    """
-    w = mech.workload_
-    r = mech.strategy_.shape[0]
-    if w.m * max(r, w.n) > MAX_QUERY_VARIANCE_ENTRIES:
-        return math.nan
-    per_query = getattr(mech.expected_error_, "per_query", None)
-    return math.nan if per_query is None else math.sqrt(float(np.max(per_query)))
+
+def max_query_std(mech: Any) -> tuple[float, str | None]:
+    """(sqrt(max_i Var(q_i)), None): the largest per-query standard deviation of a fitted mechanism's error model,
+    through the strategy's structure (`Strategy.max_query_unit_variance`); or (NaN, why it is not reported)."""
+    w, strategy = mech.workload_, mech.strategy_
+    dense_least_squares = not strategy.factored and strategy.B is None
+    if dense_least_squares and not w.has_rows and w.range_bounds() is None:
+        if isinstance(w, GramWorkload):
+            return math.nan, f"max_query_std: {w.name} is known only through its Gram matrix W^T W, not its queries"
+        return math.nan, (f"max_query_std: the {count_text(w.m)} queries of {w.name} cannot be listed, so the largest "
+                          "of their variances is not computed")
+    ops = _dense_variance_ops(strategy, w)
+    if ops > MAX_QUERY_VARIANCE_OPS:
+        return math.nan, (f"max_query_std: the per-query variances of this dense strategy on {w.name} would take "
+                          f"about {ops:.2g} operations (more than {MAX_QUERY_VARIANCE_OPS:.0e})")
+    try:
+        unit = strategy.max_query_unit_variance(w)
+    except (WorkloadTooLargeError, StrategyError, MemoryError) as exc:
+        return math.nan, f"max_query_std: {exc}"
+    err = mech.expected_error_
+    var = mech.privacy_.variance_factor * err.sensitivity**2
+    return math.sqrt(var * unit), None
+
+
+def size_problems(workload: Workload, privacy: Privacy, names: Sequence[str]) -> dict[str, str]:
+    """{mechanism: why it cannot fit `workload` at its size} for the named mechanisms that cannot, before any fit."""
+    out = {}
+    for name in names:
+        problem = make_mechanism(name).size_problem(workload, privacy)
+        if problem is not None:
+            out[name] = problem
+    return out
+
+
+def check_fits_some(workload: Workload, privacy: Privacy, names: Sequence[str], label: str | None = None) -> None:
+    """Refuse (ValueError, one line) a workload that none of the named mechanisms can fit at its size, naming
+    what would fit; a comparison where some fit runs, the others' rows say why they were skipped. `label`
+    names the workload as the user gave it (default its name)."""
+    problems = size_problems(workload, privacy, list(dict.fromkeys(names)))
+    if len(problems) < len(set(names)):
+        return
+    first, why = next(iter(problems.items()))
+    others = f" (and likewise {', '.join(n for n in problems if n != first)})" if len(problems) > 1 else ""
+    raise ValueError(f"no mechanism can fit {label or workload.name} ({count_text(workload.n)} cells): {why}{others}")
 
 
 def _fit_row(name: str, workload: Workload, privacy: Privacy, time_limit: float | None,
              eigh: Callable[[int], float], progress: _Progress | None, objective: str = "sum") -> dict[str, Any]:
     """One mechanism's record, or a 'skipped: why' row."""
+    problem = make_mechanism(name).size_problem(workload, privacy)
+    if problem is not None:
+        if progress is not None:
+            progress.note(f"skipping {name} on {workload.name}: {problem}")
+        return _skipped_row(name, workload, problem)
     if time_limit is not None:
         est = estimated_fixed_seconds(name, workload, privacy, eigh)
         if est is not None and est > time_limit:
@@ -259,7 +286,9 @@ def _fit_row(name: str, workload: Workload, privacy: Privacy, time_limit: float 
             mech = make_mechanism(name, **params).fit(workload, privacy, time_limit=time_limit,
                                                       progress=None if progress is None else progress.event)
         rec = mech.record()
-        rec["max_query_std"] = max_query_std(mech)
+        rec["max_query_std"], note = max_query_std(mech)
+        if note is not None:
+            rec["note"] = note
         return rec
     except (MechanismError, StrategyError, WorkloadTooLargeError, MemoryError) as exc:
         return _skipped_row(name, workload, str(exc))
@@ -457,8 +486,10 @@ def table_header(workload: Workload, privacy: Privacy, time_limit: float | None)
     m, n = workload.shape
     sens = "L1 sensitivity" if privacy.is_pure else "L2 sensitivity"
     limit = "none" if time_limit is None else f"{time_limit:g} s per mechanism"
+    queries = (f"{m} queries" if workload.queries_known else
+               "an unknown number of queries (W^T W does not show it; gram-npy:PATH:m=M gives it, else rmse is NaN)")
     return "\n".join([
-        f"workload: {workload.name}, {m} queries x {n} cells",
+        f"workload: {workload.name}, {queries} x {n} cells",
         f"privacy: eps={privacy.epsilon:g}, delta={privacy.delta:g}, {privacy.noise} noise on {sens}; "
         f"calibration: {privacy.convention}; P(eps,delta) = {privacy.variance_factor:.6g}",
         "ratio_to_bound = expected_total_error / bound; bound: a lower bound for every strategy, named by bound_kind: "
@@ -491,6 +522,12 @@ def table_footer(df: pd.DataFrame, interrupted: Sequence[str] = ()) -> str:
         lines.append("cut short at the time limit (valid strategy, not certified optimal): " + ", ".join(parts))
     for _, row in df[status.str.contains("skipped:", regex=False)].iterrows():
         lines.append(f"skipped {row['mechanism']}: {str(row['status']).partition('skipped: ')[2]}")
+    if "note" in df:
+        notes: dict[str, list[str]] = {}
+        for name, note in zip(df["mechanism"], df["note"], strict=True):
+            if isinstance(note, str):
+                notes.setdefault(note, []).append(str(name))
+        lines.extend(f"{note} ({', '.join(names)})" for note, names in notes.items())
     ratios = (df["release_total_error"] / df["expected_total_error"]).dropna() if "release_total_error" in df else []
     if len(ratios) and (float(np.max(ratios)) != 1.0 or float(np.min(ratios)) != 1.0):
         lo, hi = float(np.min(ratios)), float(np.max(ratios))
@@ -529,16 +566,8 @@ def _json_value(v: Any) -> Any:
 
 
 def check_plot_path(path: str) -> None:
-    """Refuse a plot path whose folder is missing, not a folder or not writable, before any fitting."""
-    folder = Path(path).resolve().parent
-    if not folder.exists():
-        raise ValueError(f"cannot write plot {path}: folder {folder} does not exist")
-    if not folder.is_dir():
-        raise ValueError(f"cannot write plot {path}: {folder} is not a folder")
-    if not os.access(folder, os.W_OK):
-        raise ValueError(f"cannot write plot {path}: folder {folder} is not writable")
-    if Path(path).is_dir():
-        raise ValueError(f"cannot write plot {path}: it is a folder; expected a PNG file name")
+    """Refuse a --plot path whose folder is missing, not a folder or not writable, before any fitting."""
+    check_output_file(path, "--plot")
 
 
 def plot_comparison(df: pd.DataFrame, path: str) -> None:
@@ -570,6 +599,7 @@ def main_compare(workload: Workload, privacy: Privacy, mechanisms: Sequence[str]
     check_privacy_range(privacy)
     time_limit = check_time_limit(time_limit)
     mechanisms = mechanism_order(mechanisms)  # refuse unknown names before printing anything
+    check_fits_some(workload, privacy, mechanisms)
     if plot:
         check_plot_path(plot)
     out = out if out is not None else sys.stdout

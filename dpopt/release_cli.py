@@ -9,6 +9,7 @@ through OpenDP charged to a privacy ledger -> CSV of labelled answers.
 from __future__ import annotations
 
 import argparse
+import csv
 import math
 import os
 import sys
@@ -21,8 +22,17 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from dpopt.data import Attribute, Categorical, Domain, IntegerRange, NumericBins, records
-from dpopt.specs import DOMAIN_SPEC_HELP, SpecError, parse_workload, split_names
+from dpopt.data import (
+    Attribute,
+    Categorical,
+    Domain,
+    IntegerRange,
+    InvalidValueError,
+    NumericBins,
+    records,
+)
+from dpopt.queries import MAX_LABELLED_QUERIES
+from dpopt.specs import DOMAIN_SPEC_HELP, SpecError, split_names
 
 DEFAULT_FAIR_DOMAIN = "fair:rate_marriage,religious,children"
 
@@ -44,13 +54,16 @@ Without --data the embedded Fair (1978) survey (6,366 rows, shipped with statsmo
 EPILOG = f"""\
 domain SPEC (which columns, and which values each may take):
   FILE.json                 Adult-style sizes {{"age": 85, "sex": 2}}: integer codes 0..k-1
-  FILE.json:age,sex         the same, keeping only the listed columns
-  fair[:col,...]            the embedded dataset's documented domain (default {DEFAULT_FAIR_DOMAIN})
+  FILE.json:age,sex         the same, keeping only the listed columns, in the order listed
+  fair[:col,...]            the embedded dataset's documented domain (default {DEFAULT_FAIR_DOMAIN}),
+                            columns in the order listed (the order of the cells and of the answers)
   inline, ';'-separated     age=int:17..90;sex=cat:Female|Male;income=bins:0|10000|50000|inf
                             (int: inclusive integer range; cat: categories; bins: edges, the last
                             bin closed, inf allowed)
 
 {DOMAIN_SPEC_HELP}
+  (at most {MAX_LABELLED_QUERIES:,} queries: each is labelled and answered; a mechanism that cannot fit the
+  workload's size is refused before the fit, saying what would fit)
 
 output CSV columns: query, answer, std (noise std of that answer), noise (laplace|gaussian),
 noise_scale (per measurement: b = sens1/eps, or the smallest sigma OpenDP certifies at
@@ -58,7 +71,9 @@ noise_scale (per measurement: b = sens1/eps, or the smallest sigma OpenDP certif
 name such as identity when it kept a baseline with less error), epsilon, delta.
 
 privacy: --delta 0 (default) gives eps-DP with Laplace noise; --delta > 0 gives (eps, delta)-DP with
-Gaussian noise.  What is charged is what OpenDP certifies for the noise drawn, never less than
+Gaussian noise.  An (eps, delta) refused by compare (P(eps, delta) outside float64, a non-zero delta that
+rounds to 0) is refused here too, as is a pair for which OpenDP certifies no Gaussian noise; all before
+the fit and before any charge.  What is charged is what OpenDP certifies for the noise drawn, never less than
 asked.  Without --ledger the release is not tracked across runs: nothing records it, each run
 spends its (eps, delta) again, and stderr says so (even with --quiet).  --ledger FILE keeps the
 budget across runs: created with --budget-epsilon/--budget-delta/--accounting (default: this
@@ -105,23 +120,32 @@ def _inline_attribute(term: str) -> Attribute:
     raise CliError(f"domain term {term!r}: kind must be int, cat or bins, got {kind!r}")
 
 
+def _columns(dom: Domain, text: str) -> Domain:
+    """The columns listed in `text` (comma-separated), in the order typed: the order of the cells and answers."""
+    names = split_names(text)
+    dom.project(names)  # refuses unknown or repeated names, listing the domain's
+    return Domain([dom.attribute(name) for name in names])
+
+
 def parse_domain(spec: str) -> Domain:
     """Domain from a SPEC string (see ``dpopt answer --help``)."""
     spec = spec.strip()
     if spec == "fair" or spec.startswith("fair:"):
         from dpopt.datasets import fair_domain
 
-        return fair_domain(None if spec == "fair" else split_names(spec[5:]))
+        return fair_domain() if spec == "fair" else _columns(fair_domain(), spec[5:])
     path, _, cols = spec.partition(".json")
     if _:
         file = path + ".json"
+        if Path(file).is_dir():
+            raise CliError(f"domain file {file!r} is a folder; expected a JSON file {{column: size}}")
         if not Path(file).is_file():
             raise CliError(f"domain file {file!r} not found")
         dom = Domain.from_json(file)
         if cols:
             if not cols.startswith(":"):
                 raise CliError(f"domain spec {spec!r}: expected FILE.json or FILE.json:col1,col2")
-            dom = dom.project(split_names(cols[1:]))
+            dom = _columns(dom, cols[1:])
         return dom
     return Domain([_inline_attribute(t) for t in spec.split(";") if t.strip()])
 
@@ -155,7 +179,8 @@ def add_answer_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="output CSV ('-' for standard output, the default); checked before anything is "
                         "charged, written whole or not at all")
     p.add_argument("--on-invalid", choices=("error", "drop"), default="error",
-                   help="rows with missing or out-of-domain values: stop (default) or drop them")
+                   help="rows with missing or out-of-domain values: stop at the first, naming its data row "
+                        "(counted from 1 after the header) and column (default), or drop them")
     p.add_argument("--ledger", metavar="FILE.json",
                    help="privacy budget file kept across runs (created if absent); without it "
                         "the release is not tracked across runs")
@@ -185,7 +210,11 @@ def _say(args: argparse.Namespace, msg: str) -> None:
 
 
 def _fit(args: argparse.Namespace, mech: Any, workload: Any, privacy: Any) -> Any:
-    """mech.fit within --time-limit, reporting the solver's iteration and certified gap every 5 s."""
+    """mech.fit within --time-limit, reporting the solver's iteration and certified gap every 5 s; a workload too
+    large for the mechanism is refused before the fit."""
+    problem = mech.size_problem(workload, privacy)
+    if problem is not None:
+        raise CliError(f"--mechanism {args.mechanism} on --workload {args.workload!r}: {problem}")
     last = [time.perf_counter()]
 
     def progress(info: dict[str, Any]) -> None:
@@ -202,16 +231,39 @@ def _load_table(args: argparse.Namespace) -> tuple[pd.DataFrame, Domain]:
 
         _say(args, "no --data: using the embedded Fair (1978) survey from statsmodels")
         df = load_fair()
-        dom = parse_domain(args.domain or DEFAULT_FAIR_DOMAIN)
+        dom = _domain_from_flag(args.domain or DEFAULT_FAIR_DOMAIN)
         return df, dom
     if args.domain is None:
         raise CliError("--domain SPEC is required with --data (which columns and values to use)")
+    if Path(args.data).is_dir():
+        raise CliError(f"data file {args.data!r} is a folder; expected a CSV file with a header row")
     if not Path(args.data).is_file():
         raise CliError(f"data file {args.data!r} not found")
-    dom = parse_domain(args.domain)
+    dom = _domain_from_flag(args.domain)
+    _check_header(args.data, dom)
     # Strings keep category labels intact; numeric attributes convert them themselves.
     df = pd.read_csv(args.data, dtype=str)
     return df, dom
+
+
+def _domain_from_flag(spec: str) -> Domain:
+    """`parse_domain` of the --domain SPEC; an error names the flag and the spec typed."""
+    try:
+        return parse_domain(spec)
+    except ValueError as exc:
+        raise CliError(f"--domain {spec!r}: {exc}") from None
+
+
+def _check_header(path: str, dom: Domain) -> None:
+    """Refuse a CSV whose header names a domain column twice (pandas would rename one and count the other)."""
+    with open(path, newline="", encoding="utf-8", errors="replace") as fh:
+        header = next(csv.reader(fh), [])
+    names = [h.strip() for h in header]
+    for name in dom.names:
+        where = [i + 1 for i, h in enumerate(names) if h == name]
+        if len(where) > 1:
+            raise CliError(f"--data {path!r}: column {name!r} appears {len(where)} times in the header (columns "
+                           f"{', '.join(map(str, where))}); expected each --domain column once")
 
 
 def _ledger_expect(args: argparse.Namespace) -> dict[str, Any]:
@@ -384,7 +436,13 @@ def _load_rows(args: argparse.Namespace) -> tuple[Any, Domain]:
     if len(df) == 0:
         raise CliError(f"data file {args.data!r} has no rows (only a header); expected at least "
                        "one record")
-    x, report = records(df, dom, on_invalid=args.on_invalid)
+    try:
+        x, report = records(df, dom, on_invalid=args.on_invalid)
+    except InvalidValueError as exc:
+        source = f"--data {args.data!r}" if args.data else "the embedded Fair survey"
+        raise CliError(f"{source}: column {exc.column!r}: {exc.what} in data row {exc.position + 1} (line "
+                       f"{exc.position + 2}, after the header); expected {exc.expected}; pass --on-invalid drop "
+                       "to leave such rows out") from None
     _say(args, f"domain {dom!r} ({dom.size} cells); {report.summary()}")
     if report.n_counted == 0:
         raise CliError(f"no row of {args.data!r} was counted ({report.summary()}); expected at "
@@ -464,6 +522,21 @@ def _fitness_for_use(args: argparse.Namespace, workload: Any, privacy: Any) -> t
     return mech, None
 
 
+def check_release_privacy(privacy: Any) -> None:
+    """Refuse, before the fit, an (eps, delta) for which OpenDP certifies no Gaussian noise (one line naming
+    --epsilon and --delta); Laplace noise of scale sens1/eps is drawn wherever `check_privacy_range` passes."""
+    from dpopt.release import ReleaseUnavailableError, certified_gaussian_sigma
+
+    if privacy.is_pure:
+        return
+    try:
+        certified_gaussian_sigma(1.0, privacy.epsilon, privacy.delta)
+    except (ReleaseUnavailableError, ArithmeticError) as exc:
+        raise CliError(f"--epsilon {privacy.epsilon!r} with --delta {privacy.delta!r}: a release cannot draw "
+                       f"Gaussian noise for this pair ({exc}); expected an epsilon and delta for which OpenDP "
+                       "certifies a noise scale (for delta from 1e-300 to 0.5, epsilon from 1e-12 to 1e40)") from None
+
+
 def answer_command(args: argparse.Namespace) -> int:
     """Run `dpopt answer`; returns the exit status (0 ok, 2 bad input, 3 budget, 4 no OpenDP, 130 Ctrl-C).
 
@@ -481,8 +554,8 @@ def answer_command(args: argparse.Namespace) -> int:
 def _answer(args: argparse.Namespace, run: _Run) -> int:
     """The steps of `dpopt answer`: check the inputs and --out, fit, open --out's temp file, charge and
     release, write; ``run`` records what was charged and written."""
+    from dpopt.cli import privacy_from_flags, workload_from_flag
     from dpopt.mechanisms import make_mechanism
-    from dpopt.privacy import Privacy
     from dpopt.release import (
         BudgetExceededError,
         ReleaseUnavailableError,
@@ -496,15 +569,16 @@ def _answer(args: argparse.Namespace, run: _Run) -> int:
         try:
             if args.epsilon is None and args.target_std is None:
                 raise CliError("--epsilon is required (or --target-std, to ask for the epsilon needed)")
-            privacy = Privacy(1.0 if args.epsilon is None else args.epsilon, args.delta,
-                              calibration=args.calibration)
+            privacy = privacy_from_flags(1.0 if args.epsilon is None else args.epsilon, args.delta,
+                                         args.calibration)
             mech = make_mechanism(args.mechanism)
             require_opendp()  # fail before the (possibly long) fit, not after it
             if args.epsilon is not None:
+                check_release_privacy(privacy)
                 _check_ledger_early(args)
                 _out_target(args)  # a bad --out is refused before the fit
             x, dom = _load_rows(args)
-            workload = parse_workload(args.workload, dom)
+            workload = workload_from_flag(args.workload, dom)
             m, n = workload.shape
             t0 = time.perf_counter()
             if args.target_std is not None:
@@ -532,6 +606,10 @@ def _answer(args: argparse.Namespace, run: _Run) -> int:
         except (ValueError, OSError, KeyError) as exc:
             msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             print(f"dpopt answer: error: {msg}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        except MemoryError as exc:
+            print(f"dpopt answer: error: out of memory ({str(exc).splitlines()[0] if str(exc) else 'MemoryError'}); "
+                  f"expected a smaller --domain or --workload; {run.charged()}", file=sys.stderr)
             return EXIT_BAD_INPUT
         try:
             _write_answers(answers, sink, run)
@@ -561,8 +639,10 @@ def _answer(args: argparse.Namespace, run: _Run) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Stand-alone entry point: ``python -m dpopt.release_cli answer ...``."""
-    parser = argparse.ArgumentParser(prog="dpopt")
-    sub = parser.add_subparsers(dest="command", required=True)
+    from dpopt.cli import _Parser
+
+    parser = _Parser(prog="dpopt")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     add_answer_parser(sub)
     args = parser.parse_args(argv)
     return int(args.func(args))

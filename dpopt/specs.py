@@ -41,7 +41,8 @@ workload specs:
   wrange:MxN[:seed=S]  wdiscrete:MxN[:seed=S][:off=-1|0]  wrelated:MxN:s=S[:seed=S]
   wtau:MxN:tau=T[:seed=S]  marginals:N1xN2x...:K (all K-way marginals, e.g. marginals:16x16x16x16:2)
   kron:SPEC,SPEC,...  (Kronecker product, e.g. kron:allrange:64,allrange:32)
-  npy:PATH (a dense W saved with numpy.save)  gram-npy:PATH (a saved W^T W)
+  npy:PATH (a dense W saved with numpy.save)  gram-npy:PATH[:m=M] (a saved W^T W of M queries; without
+  m the query count is unknown, so RMSE and max_query_std are not reported)
   marginals:PATH.json:K (all K-way marginals over a domain file {"attribute": size, ...})
   marginals:NAME:K (the same over DATA_DIR/NAME/NAME-domain.json; DATA_DIR is $DPOPT_DATA_DIR,
   default ../shared/data beside a source checkout)
@@ -150,13 +151,42 @@ def _need(args: list[str], k: int, name: str, usage: str) -> None:
 
 
 def _load_npy(path: str, what: str) -> np.ndarray:
+    """The numeric array saved in a .npy file; SpecError naming the file and what it should hold."""
     p = Path(path)
+    if p.is_dir():
+        raise SpecError(f"{what} file {path} is a folder; expected a .npy file written by numpy.save")
     if not p.is_file():
         raise SpecError(f"{what} file not found: {path}")
     try:
+        with open(p, "rb") as fh:
+            magic = fh.read(6)
+    except OSError as exc:
+        raise SpecError(f"cannot read {what} file {path}: {exc.strerror or exc}") from None
+    if magic != b"\x93NUMPY":
+        raise SpecError(f"{what} file {path} is not a .npy file (it does not start with numpy's header); expected "
+                        "an array written by numpy.save")
+    try:
         return np.load(p, allow_pickle=False)
-    except (ValueError, OSError) as exc:
+    except ValueError as exc:
+        if "pickle" in str(exc):
+            raise SpecError(f"{what} file {path} holds Python objects, not numbers; expected a numeric array "
+                            "written by numpy.save") from None
         raise SpecError(f"cannot read {what} file {path}: {exc}") from None
+    except OSError as exc:
+        raise SpecError(f"cannot read {what} file {path}: {exc.strerror or exc}") from None
+
+
+def _npy_workload(name: str, rest: str) -> Workload:
+    """npy:PATH (a saved W) or gram-npy:PATH[:m=M] (a saved W^T W, and the number M of queries behind it)."""
+    m = None
+    if name == "gram-npy" and (tail := re.fullmatch(r"(.*):m=([^:]*)", rest)):
+        rest, m = tail.group(1), _int(tail.group(2), "m (the number of queries)")
+    if not rest:
+        raise SpecError(f"{name} needs a path: " + ("npy:PATH" if name == "npy" else "gram-npy:PATH[:m=M]"))
+    M = _load_npy(rest, "workload" if name == "npy" else "Gram")
+    if name == "npy":
+        return ExplicitWorkload(M, name=Path(rest).stem)
+    return GramWorkload(M, Path(rest).stem, m=m)
 
 
 def _simple(args: list[str], name: str, make: Callable[[int], Workload]) -> Workload:
@@ -213,10 +243,7 @@ def parse_workload(spec: str, domain: Domain | None = None) -> Workload:
                             f"got {spec!r}")
         return Kron([parse_workload(f) for f in factors])
     if name in ("npy", "gram-npy"):
-        if not rest:
-            raise SpecError(f"{name} needs a path: {name}:PATH")
-        M = _load_npy(rest, "workload" if name == "npy" else "Gram")
-        return ExplicitWorkload(M, name=Path(rest).stem) if name == "npy" else GramWorkload(M, Path(rest).stem)
+        return _npy_workload(name, rest)
     args = rest.split(":") if rest else []
     try:
         if name in ("identity", "total", "prefix", "allrange", "allpredicate"):
@@ -279,6 +306,15 @@ def split_names(text: str) -> list[str]:
     return names
 
 
+def _one_column(text: str, part: str) -> str:
+    """The one column named by a `range:COL` part."""
+    names = split_names(text)
+    if len(names) != 1:
+        raise SpecError(f"workload part {part!r}: range takes one ordinal column, got {len(names)}; expected "
+                        "range:COL (one range part per column)")
+    return names[0]
+
+
 def _value(attr: Attribute, token: str) -> Any:
     """The level of ``attr`` written as ``token`` on the command line."""
     token = token.strip()
@@ -331,8 +367,11 @@ def _domain_workload(spec: str, domain: Domain) -> Workload:
     for part in (p.strip() for p in spec.split(";")):
         if not part:
             continue
-        kind, _, arg = part.partition(":")
+        kind, colon, arg = part.partition(":")
         kind = kind.strip()
+        if kind in ("total", "identity") and colon:
+            raise SpecError(f"workload part {part!r}: {kind} takes no argument (it spans every column of the "
+                            f"domain); expected {kind!r} alone")
         if kind == "total":
             pieces.append(q.total_workload(domain))
         elif kind == "identity":
@@ -340,13 +379,9 @@ def _domain_workload(spec: str, domain: Domain) -> Workload:
         elif kind == "marginal":
             pieces.append(q.marginal_workload(domain, split_names(arg)))
         elif kind == "marginals":
-            try:
-                k = int(arg)
-            except ValueError:
-                raise SpecError(f"marginals:K needs an integer K, got {arg!r}") from None
-            pieces.append(q.marginals_workload(domain, k))
+            pieces.append(q.marginals_workload(domain, marginal_order(arg, len(domain), part)))
         elif kind == "range":
-            pieces.append(q.range_workload(domain, arg.strip()))
+            pieces.append(q.range_workload(domain, _one_column(arg, part)))
         elif kind == "predicate":
             pieces.append(q.predicate_workload(domain, [_condition(domain, arg)]))
         else:

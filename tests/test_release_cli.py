@@ -50,14 +50,14 @@ def test_parse_specs() -> None:
     assert W.row_labels()[-1] == "total" and W.shape == (2 + 1 + 6 + 1, dom.size)
     assert parse_workload("predicate:sex=F|M", dom).row_labels() == ["sex in {F, M}"]
     fair = parse_domain("fair:children,age")
-    assert fair.names == ("age", "children")
+    assert fair.names == ("children", "age")  # the order typed: the order of the cells and the answers
     assert parse_workload("predicate:age=22..32", fair).row_labels() == ["22 <= age <= 32"]
     for bad, pattern in [("age=int:1..x", "age=int:1..x"), ("age", "must look like"),
                          ("age=real:1..2", "kind must be int, cat or bins"),
                          ("nowhere.json", "not found")]:
         with pytest.raises(CliError, match=pattern):
             parse_domain(bad)
-    for bad, pattern in [("cube:2", "expected total, identity"), ("marginals:two", "integer K"),
+    for bad, pattern in [("cube:2", "expected total, identity"), ("marginals:two", "must be an integer in 1..3"),
                          ("predicate:sex=X", r"'X' is not a level"),
                          ("predicate:age=old", "not an integer"), ("", "empty workload spec"),
                          (" ; ", "is empty")]:
@@ -146,7 +146,7 @@ def test_adult_csv_with_json_domain(capsys, tmp_path: Path) -> None:
                       "--epsilon", "1", "--mechanism", "identity", "--out", str(out))
     assert rc == 0, err
     ans = pd.read_csv(out)
-    assert ans["query"].iloc[0] == "race=0 & sex=0" and len(ans) == 10
+    assert ans["query"].iloc[0] == "sex=0 & race=0" and len(ans) == 10  # the columns in the order typed
     # Every cell of (age, race, sex), 850 independent Laplace answers in one run, against the true
     # counts: a wrong data vector, cell order or noise scale (a factor 2 either way) fails.
     rc, _, err = _run(capsys, "--data", str(adult / "adult.csv"), "--domain",
