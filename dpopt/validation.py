@@ -207,5 +207,8 @@ def check_output_folder(path: str | os.PathLike[str], what: str) -> Path:
 
 
 def count_text(k: int) -> str:
-    """A count for a message, to three significant digits ('1.08e+09'), also beyond float64 ('about 10^308')."""
+    """A count for a message: exact below a million ('524800'), else to three significant digits ('1.08e+09'),
+    also beyond float64 ('about 10^308')."""
+    if k < 10**6:
+        return str(k)
     return f"{k:.3g}" if k < 10**300 else f"about 10^{len(str(int(k))) - 1}"
