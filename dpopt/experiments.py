@@ -331,7 +331,7 @@ class SweepConfig:
     def validate(self) -> None:
         """Check privacy values and templates before any task runs (ValueError naming the problem)."""
         from dpopt.mechanisms.registry import MECHANISMS
-        from dpopt.privacy import Privacy
+        from dpopt.privacy import Privacy, check_privacy_range
 
         unknown = sorted({m.name for m in self.mechanisms} - set(MECHANISMS))
         if unknown:
@@ -339,7 +339,7 @@ class SweepConfig:
                              f"{', '.join(MECHANISMS)}")
         for e in self.epsilon:
             for dl in self.delta:
-                Privacy(e, dl, calibration=self.calibration)
+                check_privacy_range(Privacy(e, dl, calibration=self.calibration))
         for t in self.workloads:
             missing = set(_template_fields(t)) - set(_size_names(self.sizes))
             if missing:

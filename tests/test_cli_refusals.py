@@ -221,3 +221,9 @@ def test_crossval_help_shows_one_percent_sign(capsys) -> None:
         main(["crossval", "--help"])
     out = capsys.readouterr().out
     assert "1%" in out and "%%" not in out
+
+
+def test_sweep_refuses_extreme_privacy_naming_the_config(capsys, tmp_path: Path) -> None:
+    cfg = tmp_path / "grid.toml"
+    cfg.write_text('workloads = ["allrange:8"]\nmechanisms = ["identity"]\nepsilon = [1e-320]\n')
+    refused(*run(capsys, "sweep", str(cfg)), f"sweep config {cfg}", "epsilon=1e-320 is too small")
