@@ -197,6 +197,10 @@ class Workload(ABC):
 
         return dense_svd_bound(self)
 
+    def toeplitz_column(self) -> np.ndarray | None:
+        """First column a of W when W is square lower-triangular Toeplitz (W_tj = a_(t-j)), else None."""
+        return None
+
     def error_lower_bound(self) -> tuple[float, str]:
         """A certified lower bound on trace(W^T W X^+) * max diag(X) over all strategies, and what it is."""
         return self.svd_bound(), "svd bound"
@@ -271,6 +275,17 @@ class ExplicitWorkload(Workload):
 
     def row_labels(self) -> list[str]:
         return self._labels if self._labels is not None else super().row_labels()
+    def toeplitz_column(self) -> np.ndarray | None:
+        """First column of a dense square lower-triangular Toeplitz W (checked entry by entry), else None."""
+        W = self._W
+        if sp.issparse(W) or W.shape[0] != W.shape[1]:
+            return None
+        a = W[:, 0].copy()
+        n = W.shape[0]
+        t, j = np.tril_indices(n)
+        if np.any(np.triu(W, 1) != 0) or not np.array_equal(W[t, j], a[t - j]):
+            return None
+        return a
 
 
 def as_workload(W: Workload | np.ndarray | sp.spmatrix, name: str = "explicit") -> Workload:
@@ -384,6 +399,83 @@ class Prefix(_Family):
 
     def range_bounds(self) -> tuple[np.ndarray, np.ndarray]:
         return np.zeros(self._n, dtype=int), np.arange(self._n)
+
+    def toeplitz_column(self) -> np.ndarray:
+        """Prefix sums are lower-triangular Toeplitz with every coefficient 1."""
+        return np.ones(self._n)
+
+
+def cooldown_schedule(n: int, fraction: float = 0.25, target: float = 0.05) -> np.ndarray:
+    """Learning-rate cooldown of Choquette-Choo et al. 2023 (multi-epoch DP-MF, the momentum_with_cooldown workload):
+    eta_t = 1, then the last floor(fraction n) steps fall linearly from 1 to `target` (both ends included)."""
+    n = check_positive_int(n, "n")
+    if not 0.0 <= fraction <= 1.0 or not 0.0 < target <= 1.0:
+        raise ValueError(f"cooldown needs fraction in [0, 1] and target in (0, 1], got {fraction}, {target}")
+    eta = np.ones(n)
+    m = int(math.floor(fraction * n))
+    if m > 0:
+        eta[n - m:] = np.linspace(1.0, target, num=m)
+    return eta
+
+
+class MomentumPrefix(Workload):
+    """MomentumPrefix(n, beta, eta): SGD with heavy-ball momentum beta and learning rates eta as a workload
+    (Denisov et al. 2022; Choquette-Choo et al. 2023): A_tj = sum_{s=j..t} eta_s beta^(s-j), lower triangular.
+
+    beta = 0 and eta = 1 is Prefix(n). With a constant eta the matrix is Toeplitz, a_l = eta (1 - beta^(l+1)) /
+    (1 - beta), and every streaming family works through that column at any n; a schedule makes it dense.
+    """
+
+    def __init__(self, n: int, momentum: float = 0.0, learning_rates: Sequence[float] | np.ndarray | None = None,
+                 name: str | None = None) -> None:
+        self._n = check_positive_int(n, "n")
+        beta = float(momentum)
+        if not math.isfinite(beta) or not 0.0 <= beta < 1.0:
+            raise ValueError(f"momentum must lie in [0, 1), got {momentum}")
+        self.momentum = beta
+        if learning_rates is None:
+            eta = np.ones(self._n)
+        else:
+            eta = np.asarray(learning_rates, dtype=float).reshape(-1)
+            if eta.shape != (self._n,):
+                raise ValueError(f"learning_rates has {eta.size} entries; expected one per step ({self._n})")
+            if not np.all(np.isfinite(eta)) or np.any(eta <= 0):
+                raise ValueError("learning_rates must be finite and > 0 (a zero rate makes A singular)")
+        self.learning_rates = eta
+        default = f"momentum-prefix({self._n}, beta={beta:g}" + ("" if learning_rates is None else ", schedule") + ")"
+        self.name = name or default
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self._n, self._n)
+
+    def toeplitz_column(self) -> np.ndarray | None:
+        """a_l = eta (1 - beta^(l+1)) / (1 - beta) when every learning rate is the same eta, else None."""
+        eta = self.learning_rates
+        if not np.all(eta == eta[0]):
+            return None
+        beta, l = self.momentum, np.arange(self._n)
+        if beta == 0.0:
+            return np.full(self._n, eta[0])
+        return eta[0] * -np.expm1((l + 1) * math.log(beta)) / (1.0 - beta)
+
+    def matrix(self) -> np.ndarray:
+        """A (n x n): row t is the cumulative sum over s <= t of eta_s times the momentum row beta^(s-j)."""
+        self._check_materialisable()
+        n, beta = self._n, self.momentum
+        lag = np.subtract.outer(np.arange(n), np.arange(n))
+        M = np.where(lag >= 0, beta ** np.maximum(lag, 0), 0.0)  # momentum buffer: M_sj = beta^(s-j)
+        return np.cumsum(self.learning_rates[:, None] * M, axis=0)
+
+    def sparse(self) -> sp.csr_matrix:
+        return sp.csr_matrix(self.matrix())
+
+    def gram(self) -> np.ndarray:
+        A = self.matrix()
+        return A.T @ A
+
+    def row_labels(self) -> list[str]:
+        return [f"step {t}" for t in range(self._n)]
 
 
 def range_rows(n: int, starts: np.ndarray, ends: np.ndarray) -> sp.csr_matrix:
