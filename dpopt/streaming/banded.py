@@ -1,0 +1,164 @@
+"""The banded family (BandMF): C lower triangular with bandwidth w, C_ij = 0 for i - j >= w (issue 38 item 2).
+
+Choquette-Choo et al. 2023, "(Amplified) Banded Matrix Factorizations": with w <= b = n / k, X = C^T C is banded
+with bandwidth w, so every pattern block X_pi is diagonal and the multi-participation sensitivity is exactly
+max_r sum_a X_(r + ab, r + ab). Two structures:
+- "toeplitz" (default for a Toeplitz workload; McKenna 2024, "Scaling up the banded matrix factorization
+  mechanism"): C = T(c) with c_0..c_(w-1) free, the Toeplitz family's O(n log n) loss (any n; 2^15 and beyond).
+- "general" (default otherwise, n <= DENSE_BANDED_STEPS): every band entry free, columns normalised to unit norm
+  (C = C~ D^-1, so X_jj = 1 and sens^2 = k exactly when w <= b), B^T = C^-T A^T by banded solves in O(n^2 w)
+  and the band of the gradient -B^T G C^-T in O(n^2 w); mean, or max by log-sum-exp smoothing.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from scipy.linalg import solve_banded
+
+from dpopt.streaming import series
+from dpopt.streaming.base import Factorization, check_objective, check_participation, dense_losses, streaming_workload
+from dpopt.streaming.fit import KEEP_C_STEPS, deadline_of, factorization, run_lbfgs
+from dpopt.streaming.participation import Participation
+from dpopt.streaming.toeplitz import optimise as optimise_toeplitz
+from dpopt.workloads import Workload
+
+#: Largest n of the general (non-Toeplitz) banded structure: B is formed densely (n x n).
+DENSE_BANDED_STEPS = 4096
+#: Log-sum-exp temperatures of the max objective on the general structure, each run from the previous one.
+MAX_TEMPERATURES = (1e-1, 2e-2, 5e-3)
+#: Iterations per temperature of the smoothed max objective (the last, sharpest one is the slowest to converge).
+MAX_STAGE_ITERATIONS = 400
+
+
+def band_to_matrix(L: np.ndarray) -> np.ndarray:
+    """C from its band: C_(j+d, j) = L[j, d] for d < w and j + d < n."""
+    n, w = L.shape
+    C = np.zeros((n, n))
+    j = np.arange(n)
+    for d in range(w):
+        C[j[: n - d] + d, j[: n - d]] = L[: n - d, d]
+    return C
+
+
+def _upper_ab(L: np.ndarray) -> np.ndarray:
+    """C^T (upper banded, w - 1 superdiagonals) in solve_banded's layout: ab[w-1-d, j+d] = (C^T)_(j, j+d)."""
+    n, w = L.shape
+    ab = np.zeros((w, n))
+    for d in range(w):
+        ab[w - 1 - d, d:] = L[: n - d, d]
+    return ab
+
+
+def _lower_ab(L: np.ndarray) -> np.ndarray:
+    """C (lower banded) in solve_banded's layout: ab[d, j] = C_(j+d, j)."""
+    n, w = L.shape
+    ab = np.zeros((w, n))
+    for d in range(w):
+        ab[d, : n - d] = L[: n - d, d]
+    return ab
+
+
+class GeneralBanded:
+    """f(L) = log F(A (C~ D^-1)^-1) over the band L of C~ with unit-norm columns (D = column norms)."""
+
+    def __init__(self, A: np.ndarray, w: int, objective: str) -> None:
+        self.A, self.w, self.objective = A, w, objective
+        self.n = A.shape[0]
+        self.mu = MAX_TEMPERATURES[0]
+        self.mask = np.arange(w)[None, :] < (self.n - np.arange(self.n))[:, None]  # band entries inside the matrix
+
+    def normalised(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(band of C, column norms of C~) for the flat parameters x."""
+        Lt = x.reshape(self.n, self.w) * self.mask
+        norms = np.sqrt(np.einsum("jd,jd->j", Lt, Lt))
+        return Lt / norms[:, None], norms
+
+    def decoder(self, L: np.ndarray) -> np.ndarray:
+        """B = A C^-1: B^T = C^-T A^T by one banded solve."""
+        return solve_banded((0, self.w - 1), _upper_ab(L), self.A.T).T
+
+    def value_grad(self, x: np.ndarray) -> tuple[float, np.ndarray]:
+        n, w = self.n, self.w
+        L, norms = self.normalised(x)
+        B = self.decoder(L)
+        rows = np.einsum("ij,ij->i", B, B)
+        if self.objective == "mean":
+            F = float(rows.sum()) / n
+            omega = np.full(n, 1.0 / n)
+        else:
+            z = np.log(rows) / self.mu
+            s = np.exp(z - z.max())
+            F = math.exp(self.mu * (z.max() + math.log(s.sum())))
+            omega = F * (s / s.sum()) / rows
+        G = 2.0 * omega[:, None] * B  # dF/dB
+        H = solve_banded((w - 1, 0), _lower_ab(L), G.T).T  # H = G C^-T  (C H^T = G^T)
+        gL = np.zeros((n, w))
+        for d in range(w):  # band of dF/dC = -B^T H: entry (j + d, j) = -B[:, j + d] . H[:, j]
+            gL[: n - d, d] = -np.einsum("tj,tj->j", B[:, d:], H[:, : n - d])
+        gL /= F
+        radial = np.einsum("jd,jd->j", gL, L)
+        gx = (gL - radial[:, None] * L) / norms[:, None] * self.mask
+        return math.log(F), gx.ravel()
+
+
+def _optimise_general(W: Workload, p: Participation, objective: str, w: int, deadline: float | None,
+                      callback: Callable[[dict[str, Any]], None] | None, max_iter: int
+                      ) -> tuple[np.ndarray, str, int]:
+    n = p.n
+    if n > DENSE_BANDED_STEPS:
+        raise ValueError(f"banded with the general structure forms B densely, n <= {DENSE_BANDED_STEPS}; got n = {n} "
+                         "(a Toeplitz workload takes structure='toeplitz' at any n)")
+    if p.epochs > 1 and w > p.separation:
+        raise ValueError(f"banded:{w} with the general structure needs w <= b = n / k = {p.separation} (then the "
+                         "sensitivity is exact); use structure='toeplitz' or a smaller band")
+    prob = GeneralBanded(W.matrix(), w, objective)
+    x0 = np.tile(series.prefix_sqrt(w), (n, 1)) * prob.mask
+    temps = MAX_TEMPERATURES if objective == "max" else (None,)
+    status, nit_all = "converged", 0
+    for mu in temps:
+        if mu is not None:
+            prob.mu = mu
+        x, status, nit = run_lbfgs(prob.value_grad, x0.ravel(), deadline=deadline, callback=callback,
+                                   stage="banded" if mu is None else f"banded mu={mu:g}",
+                                   max_iter=max_iter if mu is None else min(max_iter, MAX_STAGE_ITERATIONS),
+                                   offset=nit_all)
+        x0, nit_all = x.reshape(n, w), nit_all + nit
+        if status == "time_limit":
+            break
+    L, _ = prob.normalised(x0.ravel())
+    return band_to_matrix(L), status, nit_all
+
+
+def optimise(A: Workload | np.ndarray, participation: Participation, *, objective: str = "mean",
+             time_limit: float | None = None, callback: Callable[[dict[str, Any]], None] | None = None,
+             bandwidth: int = 8, structure: str | None = None, max_iter: int = 2000) -> Factorization:
+    """The best banded C of bandwidth w for A under k epochs (issue 38 item 2; BandMF)."""
+    t0 = time.perf_counter()
+    W = streaming_workload(A)
+    p = check_participation(participation, W.n)
+    check_objective(objective)
+    w = int(bandwidth)
+    if not 1 <= w <= p.n:
+        raise ValueError(f"bandwidth must lie in 1..n = {p.n}, got {bandwidth}")
+    toeplitz_ok = W.toeplitz_column() is not None
+    structure = structure or ("toeplitz" if toeplitz_ok else "general")
+    if structure not in ("toeplitz", "general"):
+        raise ValueError(f"structure must be 'toeplitz' or 'general', got {structure!r}")
+    if structure == "toeplitz":
+        f = optimise_toeplitz(W, p, objective=objective, time_limit=time_limit, callback=callback, coefficients=w,
+                              max_iter=max_iter)
+        f.family, f.params = "banded", {"bandwidth": w, "structure": "toeplitz",
+                                        "coefficients": f.params["coefficients"]}
+        f.fit_seconds = time.perf_counter() - t0
+        return f
+    C, status, nit = _optimise_general(W, p, objective, w, deadline_of(time_limit), callback, max_iter)
+    losses = dense_losses(W, C, p)
+    params = {"bandwidth": w, "structure": "general"}
+    if p.n > KEEP_C_STEPS:  # never: general banded stops at DENSE_BANDED_STEPS
+        params["band"] = [[float(C[j + d, j]) for d in range(min(w, p.n - j))] for j in range(p.n)]
+    return factorization("banded", p, objective, C, params, losses, status, t0, {"iterations": nit})
