@@ -153,6 +153,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_answer_parser(sub)
 
+    from dpopt.factorize_cli import add_factorize_parser
+
+    add_factorize_parser(sub)
+
     from dpopt.cli_experiments import add_parsers as add_experiment_parsers
 
     add_experiment_parsers(sub)

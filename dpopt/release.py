@@ -945,6 +945,34 @@ def _noise_plan(strategy: Any, privacy: Privacy) -> tuple[str, float, float, Cha
     return "gaussian", sens, sigma, Charge(max(certified, eps), delta, rho, "gaussian"), meas
 
 
+def streaming_noise_source(sens2: float, privacy: Privacy, ledger: PrivacyLedger, label: str = "streaming"
+                           ) -> tuple[float, Any]:
+    """(sigma, draw) for a streaming release of C x at L2 sensitivity sens2 (issue 38 item 3), ledger charged first.
+
+    The charge is `_noise_plan`'s for one Gaussian measurement of sensitivity sens2 at (epsilon, delta): OpenDP's
+    certified sigma and its certified cost, charged before anything is drawn (BudgetExceededError otherwise).
+    draw(size) returns `size` N(0, sigma^2) values from OpenDP's measurement (applied to zeros). Every draw of one
+    source belongs to the one release charged here (the noise z of every step of the stream); amplification by
+    sampling is not modelled. Laplace (delta = 0) is refused: multi-participation sensitivity is an L2 notion here.
+    """
+    if not isinstance(ledger, PrivacyLedger):
+        raise ValueError(f"ledger must be a PrivacyLedger, got {type(ledger).__name__}")
+    if privacy.delta == 0:
+        raise ValueError("streaming release draws Gaussian noise: give delta > 0")
+    sens = check_positive_number(sens2, "L2 sensitivity")
+
+    class _Sens:
+        sens1 = sens2 = sens
+
+    noise, _, sigma, cost, meas = _noise_plan(_Sens(), privacy)
+    ledger.charge(Charge(cost.epsilon, cost.delta, cost.rho, cost.noise, label))
+
+    def draw(size: int) -> np.ndarray:
+        return np.asarray(meas([0.0] * int(size)), dtype=float)
+
+    return sigma, draw
+
+
 def _check_release_domain(workload: Any, domain: Any | None) -> None:
     """Refuse a domain-bound workload without ``domain=``, or one bound to another Domain."""
     bound = getattr(workload, "domain", None)

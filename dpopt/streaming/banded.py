@@ -21,7 +21,13 @@ import numpy as np
 from scipy.linalg import solve_banded
 
 from dpopt.streaming import series
-from dpopt.streaming.base import Factorization, check_objective, check_participation, dense_losses, streaming_workload
+from dpopt.streaming.base import (
+    Factorization,
+    check_objective,
+    check_participation,
+    dense_losses,
+    streaming_workload,
+)
 from dpopt.streaming.fit import KEEP_C_STEPS, deadline_of, factorization, run_lbfgs
 from dpopt.streaming.participation import Participation
 from dpopt.streaming.toeplitz import optimise as optimise_toeplitz

@@ -22,7 +22,12 @@ from scipy.optimize import nnls
 from scipy.special import expit
 
 from dpopt.streaming import series
-from dpopt.streaming.base import Factorization, check_objective, check_participation, streaming_workload
+from dpopt.streaming.base import (
+    Factorization,
+    check_objective,
+    check_participation,
+    streaming_workload,
+)
 from dpopt.streaming.fit import KEEP_C_STEPS, deadline_of, factorization, run_lbfgs
 from dpopt.streaming.participation import Participation
 from dpopt.streaming.toeplitz import COARSE_STEPS, coarse_problem, toeplitz_matrix

@@ -16,7 +16,13 @@ from typing import Any
 import numpy as np
 import scipy.linalg
 
-from dpopt.streaming.base import Factorization, check_objective, check_participation, dense_losses, streaming_workload
+from dpopt.streaming.base import (
+    Factorization,
+    check_objective,
+    check_participation,
+    dense_losses,
+    streaming_workload,
+)
 from dpopt.streaming.fit import KEEP_C_STEPS, factorization
 from dpopt.streaming.participation import Participation
 from dpopt.streaming.toeplitz import sqrt_start, toeplitz_matrix

@@ -21,7 +21,12 @@ import numpy as np
 from scipy.linalg import toeplitz as dense_toeplitz
 
 from dpopt.streaming import series
-from dpopt.streaming.base import Factorization, check_objective, check_participation, streaming_workload
+from dpopt.streaming.base import (
+    Factorization,
+    check_objective,
+    check_participation,
+    streaming_workload,
+)
 from dpopt.streaming.fit import KEEP_C_STEPS, deadline_of, factorization, run_lbfgs
 from dpopt.streaming.participation import Participation
 from dpopt.streaming.toeplitz_loss import ToeplitzObjective

@@ -23,6 +23,21 @@ from dpopt.workloads import Workload
 
 #: Largest n of a non-Toeplitz workload for a Toeplitz-structured strategy (the dense B is n x n).
 DENSE_MAX_STEPS = 4096
+#: Largest n of a Toeplitz-structured fit: about 300 bytes per step were measured at n = 10^6 (peak RSS 290 MB),
+#: so 2^25 steps need about 10 GB.
+MAX_TOEPLITZ_STEPS = 1 << 25
+#: Largest n k of the pattern blocks formed for a certified sensitivity (b k^2 = n k values, 8 bytes each: 2 GB).
+MAX_BLOCK_VALUES = 250_000_000
+
+
+def check_toeplitz_size(n: int, p: Participation | None = None) -> None:
+    """Refuse n (and n k for the sensitivity blocks) above what fits in memory, with the estimate."""
+    if n > MAX_TOEPLITZ_STEPS:
+        raise ValueError(f"n = {n} steps is above {MAX_TOEPLITZ_STEPS} for a Toeplitz-structured strategy (about "
+                         f"{300 * n / 1e9:.0f} GB at 300 bytes per step)")
+    if p is not None and p.epochs > 1 and p.n * p.epochs > MAX_BLOCK_VALUES:
+        raise ValueError(f"the sensitivity of {p.epochs} epochs over {p.n} steps forms n k = {p.n * p.epochs} block "
+                         f"values (about {8 * p.n * p.epochs / 1e9:.0f} GB), above {MAX_BLOCK_VALUES}")
 
 
 def toeplitz_blocks(c: np.ndarray, p: Participation) -> np.ndarray:
@@ -68,6 +83,7 @@ class ToeplitzObjective:
     """
 
     def __init__(self, W: Workload, p: Participation, objective: str) -> None:
+        check_toeplitz_size(W.n, p)
         self.n, self.p, self.objective = W.n, p, objective
         self.a = W.toeplitz_column()
         self.mu = 1e-2
