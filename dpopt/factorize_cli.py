@@ -20,6 +20,7 @@ from dpopt.specs import SpecError, parse_workload
 from dpopt.streaming.base import RECORD_KEYS, Factorization, streaming_workload
 from dpopt.streaming.families import FAMILIES
 from dpopt.streaming.participation import Participation
+from dpopt.streaming.toeplitz_loss import DENSE_MAX_STEPS, check_toeplitz_size
 from dpopt.workloads import MomentumPrefix, Prefix, Workload, cooldown_schedule
 
 #: family spec -> (family name, its size option, default size)
@@ -66,6 +67,9 @@ def add_factorize_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="with prefix:N: the learning-rate cooldown of Choquette-Choo et al. 2023 (the last n/4 "
                         "rates fall linearly from 1 to 0.05); makes A dense")
     p.add_argument("--epochs", "-k", type=int, default=1, metavar="K", help="epochs k (k divides n); default 1")
+    p.add_argument("--participation", default="epochs", metavar="SCHEME",
+                   help="participation scheme: epochs (the default and the only one certified here; b-min-sep and "
+                        "random batches are refused)")
     p.add_argument("--objective", choices=["mean", "max"], default="mean",
                    help="minimise the mean (default) or the largest per-step squared error")
     p.add_argument("--family", default="sqrt", metavar="FAMILY",
@@ -169,7 +173,16 @@ def factorize_command(args: argparse.Namespace) -> int:
         streaming_workload(W)
     except ValueError as exc:
         raise ValueError(f"--workload {args.workload!r}: {exc}") from None
-    p = Participation(W.n, args.epochs)
+    try:
+        p = Participation(W.n, args.epochs, scheme=args.participation)
+    except ValueError as exc:
+        raise ValueError(f"--participation {args.participation!r}: {exc}") from None
+    if family != "optimal":
+        if W.toeplitz_column() is not None:
+            check_toeplitz_size(W.n, p)
+        elif W.n > DENSE_MAX_STEPS:
+            raise ValueError(f"--workload {args.workload!r}: not Toeplitz, so the {family} family forms B densely, "
+                             f"n <= {DENSE_MAX_STEPS}; got n = {W.n}")
     progress = _Progress(sys.stderr, W, args.time_limit)
     progress.start(f"{args.family} (k = {args.epochs}, {args.objective})")
     try:
