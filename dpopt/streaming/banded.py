@@ -70,7 +70,8 @@ def _lower_ab(L: np.ndarray) -> np.ndarray:
 
 
 class GeneralBanded:
-    """f(L) = log F(A (C~ D^-1)^-1) over the band L of C~ with unit-norm columns (D = column norms)."""
+    """f(L) = log F(A (C~ D^-1)^-1) over the band L of C~ with unit-norm columns (D = column norms): BandMF
+    (Choquette-Choo et al. 2023) with the column normalisation that makes sens^2 = k exact for w <= b."""
 
     def __init__(self, A: np.ndarray, w: int, objective: str) -> None:
         self.A, self.w, self.objective = A, w, objective
@@ -143,7 +144,8 @@ def _optimise_general(W: Workload, p: Participation, objective: str, w: int, dea
 def optimise(A: Workload | np.ndarray, participation: Participation, *, objective: str = "mean",
              time_limit: float | None = None, callback: Callable[[dict[str, Any]], None] | None = None,
              bandwidth: int = 8, structure: str | None = None, max_iter: int = 2000) -> Factorization:
-    """The best banded C of bandwidth w for A under k epochs (issue 38 item 2; BandMF)."""
+    """The best banded C of bandwidth w for A under k epochs (issue 38 item 2; BandMF, Choquette-Choo et al. 2023;
+    the Toeplitz band of McKenna 2024)."""
     t0 = time.perf_counter()
     W = streaming_workload(A)
     p = check_participation(participation, W.n)

@@ -67,7 +67,8 @@ def _structure(f: Factorization) -> tuple[str, dict[str, np.ndarray]]:
 
 
 class NoiseStream:
-    """Iterator over the n steps: the d-vector (C^-1 z)_t of step t, with O(K d) / O(w d) / O(n d) state."""
+    """Iterator over the n steps: the d-vector (C^-1 z)_t of step t, with O(K d) / O(w d) / O(n d) state (issue 38
+    item 3; the K buffers of Dvijotham et al. 2024)."""
 
     def __init__(self, f: Factorization, d: int, sigma: float, *, rng: np.random.Generator | int | None = None,
                  draw: Callable[[int], np.ndarray] | None = None) -> None:

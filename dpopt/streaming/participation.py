@@ -34,7 +34,8 @@ SDP_RTOL = 1e-9
 
 @dataclass(frozen=True)
 class Participation:
-    """k epochs over n steps (k divides n): a user takes part at steps r, r + b, ..., r + (k - 1) b, b = n / k."""
+    """k epochs over n steps (k divides n): a user takes part at steps r, r + b, ..., r + (k - 1) b, b = n / k
+    (Choquette-Choo et al. 2023; issue 38)."""
 
     n: int
     epochs: int = 1

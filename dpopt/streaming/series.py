@@ -58,6 +58,7 @@ def sqrt(a: np.ndarray, n: int | None = None) -> np.ndarray:
 
 
 def prefix_sqrt(n: int) -> np.ndarray:
-    """sqrt(1 / (1 - z)) = sum_j binom(2j, j) / 4^j z^j, by c_j = c_(j-1) (2j - 1) / (2j)."""
+    """sqrt(1 / (1 - z)) = sum_j binom(2j, j) / 4^j z^j, by c_j = c_(j-1) (2j - 1) / (2j) (the square root of prefix
+    sums, Fichtenberger, Henzinger and Upadhyay 2023)."""
     j = np.arange(1, n)
     return np.concatenate([[1.0], np.cumprod((2 * j - 1) / (2 * j))])

@@ -112,7 +112,8 @@ class _ToeplitzColumn(Workload):
 def optimise(A: Workload | np.ndarray, participation: Participation, *, objective: str = "mean",
              time_limit: float | None = None, callback: Callable[[dict[str, Any]], None] | None = None,
              coefficients: int | None = None, max_iter: int = 2000) -> Factorization:
-    """The best lower-triangular Toeplitz C = T(c) for A under k epochs, by L-BFGS on c (issue 38 item 2)."""
+    """The best lower-triangular Toeplitz C = T(c) for A under k epochs, by L-BFGS on c (issue 38 item 2; the
+    sensitivity from truncated autocorrelations)."""
     t0 = time.perf_counter()
     W = streaming_workload(A)
     p = check_participation(participation, W.n)
