@@ -19,6 +19,9 @@ KEEP_C_STEPS = 8192
 #: L-BFGS-B stopping rule of the family optimisers: relative decrease of the log loss below FTOL (a loss change
 #: of about 1e-11 relative) or a projected gradient below GTOL.
 FTOL, GTOL = 1e-12, 1e-9
+#: Restarts of L-BFGS-B after an early relative-reduction stop, and the projected gradient (of the log loss)
+#: below which a run counts as converged without one.
+MAX_RESTARTS, RESTART_GRADIENT = 20, 1e-6
 
 
 def deadline_of(time_limit: float | None) -> float | None:
@@ -27,19 +30,48 @@ def deadline_of(time_limit: float | None) -> float | None:
     return None if limit is None else time.perf_counter() + limit
 
 
+def _projected_gradient(x: np.ndarray, g: np.ndarray, bounds: Any) -> float:
+    """max |g_i| over the coordinates free to move (a lower bound of 0 holding x_i = 0 with g_i > 0 is not)."""
+    g = np.asarray(g, dtype=float).copy()
+    if bounds is not None:
+        lo = np.array([b[0] if b[0] is not None else -np.inf for b in bounds])
+        g[(x <= lo) & (g > 0)] = 0.0
+    return float(np.abs(g).max()) if g.size else 0.0
+
+
 def run_lbfgs(fun: Callable[[np.ndarray], tuple[float, np.ndarray]], x0: np.ndarray, *, deadline: float | None,
               callback: Callable[[dict[str, Any]], None] | None, stage: str, max_iter: int = 2000,
               bounds: Any = None, offset: int = 0) -> tuple[np.ndarray, str, int]:
-    """L-BFGS-B on fun from x0 until FTOL/GTOL, max_iter or the deadline: (best x, status, iterations)."""
+    """L-BFGS-B on fun from x0 until FTOL/GTOL, max_iter or the deadline: (best x, status, iterations).
+
+    L-BFGS-B can stop on its relative-reduction test after a poorly scaled line search while the gradient is still
+    large (seen on BLT parameters near theta = 1); it is then restarted from its point (a fresh Hessian model) up to
+    MAX_RESTARTS times, while each run still lowers the value. The status is converged only when the projected
+    gradient is at most RESTART_GRADIENT at the end or a restart gains nothing, else stalled.
+    """
     if deadline is not None and time.perf_counter() >= deadline:
         return np.asarray(x0, dtype=float), "time_limit", 0
-    monitor = LbfgsMonitor(x0, deadline, callback, stage, offset)
-    res = minimize_lbfgs(fun, np.asarray(x0, dtype=float), monitor, bounds=bounds, maxiter=max_iter, ftol=FTOL,
-                         gtol=GTOL, maxcor=20)
-    x = np.asarray(res.x, dtype=float)
-    if not math.isfinite(float(res.fun)):
-        x = np.asarray(x0, dtype=float)
-    return x, lbfgs_status(monitor.stopped, bool(res.success), int(res.nit), max_iter), int(res.nit)
+    x = np.asarray(x0, dtype=float)
+    f_prev, nit_all, status = math.inf, 0, "converged"
+    for _ in range(MAX_RESTARTS + 1):
+        monitor = LbfgsMonitor(x, deadline, callback, stage, offset + nit_all)
+        res = minimize_lbfgs(fun, x, monitor, bounds=bounds, maxiter=max(max_iter - nit_all, 1), ftol=FTOL,
+                             gtol=GTOL, maxcor=20)
+        nit_all += int(res.nit)
+        if math.isfinite(float(res.fun)) and float(res.fun) <= f_prev:
+            x = np.asarray(res.x, dtype=float)
+        status = lbfgs_status(monitor.stopped, bool(res.success), nit_all, max_iter)
+        if status != "converged":
+            break
+        gain = f_prev - float(res.fun)
+        f_prev = min(f_prev, float(res.fun))
+        if _projected_gradient(x, fun(x)[1], bounds) <= RESTART_GRADIENT:
+            break
+        if gain <= FTOL * max(abs(f_prev), 1.0):
+            break
+    else:
+        status = "stalled"
+    return x, status, nit_all
 
 
 def factorization(family: str, p: Participation, objective: str, C: np.ndarray | None, params: dict[str, Any],
