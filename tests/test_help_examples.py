@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-SUBCOMMANDS = ("", "compare", "answer", "reproduce", "crossval", "sweep")
+SUBCOMMANDS = ("", "compare", "answer", "reproduce", "crossval", "sweep", "factorize")
 
 # "e.g." values that are not examples one can run on their own, with the reason.
 NOT_RUNNABLE = {
@@ -56,7 +56,7 @@ def _env(tmp: Path) -> dict[str, str]:
 
 
 def _help(sub: str) -> str:
-    """`dpopt [sub] --help` as the console script prints it (in this process: one import for all six)."""
+    """`dpopt [sub] --help` as the console script prints it (in this process: one import for all of them)."""
     from dpopt.cli import main
 
     out = io.StringIO()

@@ -219,6 +219,11 @@ HEAVY = [(b, c) for b, c in SHELL if c in SLOW]
 
 @pytest.mark.parametrize(("block", "command"), FAST, ids=[_id(b, c) for b, c in FAST])
 def test_shell_command_runs(block, command, fresh_install_env):
+    if "--family optimal" in command:
+        from dpopt.streaming.families import FAMILIES
+
+        if not FAMILIES.available("optimal"):
+            pytest.skip("runs once the optimal family (dpopt.streaming.optimal, issue 38 item 1) is in this build")
     _check_command(block, command, fresh_install_env)
 
 
