@@ -82,6 +82,7 @@ OUTPUTS: tuple[Output, ...] = (
     _bench("minimax", ("minimax.md", "minimax.csv"), 1.0),
     _bench("orthogonal", ("orthogonal.md", "orthogonal.csv"), 1.0),
     _bench("kronecker", ("kronecker.md", "kronecker.csv"), 0.1),
+    _bench("stream_families", ("stream_families.md", "stream_families.csv"), 1.0),
     _bench("frontier", ("frontier.md", "frontier.csv"), 2.0, "--sizes", "64,256,1024,2048", "--opt0-limit", "240",
            "--frontier-limit", "360"),
 )
