@@ -146,3 +146,39 @@ def test_bad_inputs_are_refused():
         FAMILIES["banded"](Prefix(8), Participation(8, 4), bandwidth=3, structure="general")
     with pytest.raises(ValueError, match="objective"):
         FAMILIES["sqrt"](Prefix(8), Participation(8, 1), objective="median")
+
+
+def _central_differences(fun, x, h=1e-6):
+    g = np.zeros_like(x)
+    for i in range(len(x)):
+        e = np.zeros_like(x)
+        e[i] = h
+        g[i] = (fun(x + e)[0] - fun(x - e)[0]) / (2 * h)
+    return g
+
+
+@pytest.mark.parametrize("workload", ["prefix", "momentum", "schedule"])
+@pytest.mark.parametrize("objective", ["mean", "max"])
+def test_analytic_gradients_match_central_differences(workload, objective):
+    """Central differences at h = 1e-6 on log losses of order 1: truncation h^2 |f'''| ~ 1e-12 and rounding
+    u |f| / h ~ 1e-10, so 1e-6 of the largest gradient entry is a loose, safe tolerance."""
+    from dpopt.streaming.banded import GeneralBanded
+    from dpopt.streaming.blt import BLTObjective, _pack, initial_blt
+    from dpopt.streaming.toeplitz_loss import ToeplitzObjective
+
+    n, rng = 16, np.random.default_rng(1)
+    W = {"prefix": Prefix(n), "momentum": MomentumPrefix(n, 0.9),
+         "schedule": MomentumPrefix(n, 0.9, cooldown_schedule(n))}[workload]
+    for k in (1, 2):
+        p = Participation(n, k)
+        obj = ToeplitzObjective(W, p, objective)
+        obj.mu = 0.1
+        c = series.prefix_sqrt(n) * (1 + 0.1 * rng.random(n))
+        blt = BLTObjective(W, p, objective)
+        blt.toe.mu = 0.1
+        band = GeneralBanded(W.matrix(), 3, objective)
+        band.mu = 0.1
+        for fun, x in ((obj.value_grad, c), (blt.value_grad, _pack(*initial_blt(3, n))),
+                       (band.value_grad, rng.random(3 * n) + 0.5)):
+            g = fun(x)[1]
+            assert np.abs(g - _central_differences(fun, x)).max() <= 1e-6 * np.abs(g).max()

@@ -31,14 +31,11 @@ from dpopt.streaming.base import (
 from dpopt.streaming.fit import KEEP_C_STEPS, deadline_of, factorization, run_lbfgs
 from dpopt.streaming.participation import Participation
 from dpopt.streaming.toeplitz import optimise as optimise_toeplitz
+from dpopt.streaming.toeplitz_loss import MAX_STAGE_ITERATIONS, MAX_TEMPERATURES
 from dpopt.workloads import Workload
 
 #: Largest n of the general (non-Toeplitz) banded structure: B is formed densely (n x n).
 DENSE_BANDED_STEPS = 4096
-#: Log-sum-exp temperatures of the max objective on the general structure, each run from the previous one.
-MAX_TEMPERATURES = (1e-1, 2e-2, 5e-3)
-#: Iterations per temperature of the smoothed max objective (the last, sharpest one is the slowest to converge).
-MAX_STAGE_ITERATIONS = 400
 
 
 def band_to_matrix(L: np.ndarray) -> np.ndarray:

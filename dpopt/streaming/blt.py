@@ -31,7 +31,7 @@ from dpopt.streaming.base import (
 from dpopt.streaming.fit import KEEP_C_STEPS, deadline_of, factorization, run_lbfgs
 from dpopt.streaming.participation import Participation
 from dpopt.streaming.toeplitz import COARSE_STEPS, coarse_problem, toeplitz_matrix
-from dpopt.streaming.toeplitz_loss import ToeplitzObjective
+from dpopt.streaming.toeplitz_loss import MAX_STAGE_ITERATIONS, ToeplitzObjective
 from dpopt.workloads import Workload
 
 
@@ -86,8 +86,18 @@ class BLTObjective:
 def _solve(W: Workload, p: Participation, objective: str, x0: np.ndarray, deadline: float | None,
            callback: Callable[[dict[str, Any]], None] | None, stage: str, max_iter: int
            ) -> tuple[np.ndarray, str, int]:
-    return run_lbfgs(BLTObjective(W, p, objective).value_grad, x0, deadline=deadline, callback=callback, stage=stage,
-                     max_iter=max_iter)
+    obj = BLTObjective(W, p, objective)
+    x, status, nit_all = x0, "converged", 0
+    for mu in obj.toe.temperatures():
+        obj.toe.mu = mu
+        x, status, nit = run_lbfgs(obj.value_grad, x, deadline=deadline, callback=callback,
+                                   stage=stage if mu is None else f"{stage} mu={mu:g}",
+                                   max_iter=max_iter if mu is None else min(max_iter, MAX_STAGE_ITERATIONS),
+                                   offset=nit_all)
+        nit_all += nit
+        if status == "time_limit":
+            break
+    return x, status, nit_all
 
 
 def optimise(A: Workload | np.ndarray, participation: Participation, *, objective: str = "mean",

@@ -29,7 +29,7 @@ from dpopt.streaming.base import (
 )
 from dpopt.streaming.fit import KEEP_C_STEPS, deadline_of, factorization, run_lbfgs
 from dpopt.streaming.participation import Participation
-from dpopt.streaming.toeplitz_loss import ToeplitzObjective
+from dpopt.streaming.toeplitz_loss import MAX_STAGE_ITERATIONS, ToeplitzObjective
 from dpopt.workloads import Workload
 
 #: Size of the coarse solve that starts a Toeplitz solve beyond it (grid sequencing).
@@ -61,6 +61,20 @@ def _solve(W: Workload, p: Participation, objective: str, c0: np.ndarray, m: int
            callback: Callable[[dict[str, Any]], None] | None, stage: str, max_iter: int
            ) -> tuple[np.ndarray, str, int]:
     obj = ToeplitzObjective(W, p, objective)
+    c, status, nit_all = c0, "converged", 0
+    for mu in obj.temperatures():
+        obj.mu = mu
+        c, status, nit = _solve_once(obj, p, c, m, deadline, callback, stage if mu is None else f"{stage} mu={mu:g}",
+                                     max_iter if mu is None else min(max_iter, MAX_STAGE_ITERATIONS), nit_all)
+        nit_all += nit
+        if status == "time_limit":
+            break
+    return c, status, nit_all
+
+
+def _solve_once(obj: ToeplitzObjective, p: Participation, c0: np.ndarray, m: int, deadline: float | None,
+                callback: Callable[[dict[str, Any]], None] | None, stage: str, max_iter: int, offset: int
+                ) -> tuple[np.ndarray, str, int]:
     n = p.n
 
     def fun(x: np.ndarray) -> tuple[float, np.ndarray]:
@@ -74,7 +88,7 @@ def _solve(W: Workload, p: Participation, objective: str, c0: np.ndarray, m: int
     bounds = [(0.0, None)] * m if p.epochs > 1 and m > p.separation else None
     x0 = np.maximum(c0[:m], 0.0) if bounds else c0[:m]
     x, status, nit = run_lbfgs(fun, x0, deadline=deadline, callback=callback, stage=stage, max_iter=max_iter,
-                               bounds=bounds)
+                               bounds=bounds, offset=offset)
     c = np.zeros(n)
     c[:m] = x
     return c, status, nit
@@ -85,8 +99,6 @@ def coarse_problem(W: Workload, p: Participation) -> tuple[Workload, Participati
     a = W.toeplitz_column()
     if a is None or p.n <= 2 * COARSE_STEPS:
         return None
-    from dpopt.workloads import ExplicitWorkload  # noqa: F401 - a Toeplitz coarse workload is given by its column
-
     nc = max(p.epochs, (COARSE_STEPS // p.epochs) * p.epochs)
     return _ToeplitzColumn(a[:nc]), Participation(nc, p.epochs)
 

@@ -23,6 +23,10 @@ from dpopt.workloads import Workload
 
 #: Largest n of a non-Toeplitz workload for a Toeplitz-structured strategy (the dense B is n x n).
 DENSE_MAX_STEPS = 4096
+#: Log-sum-exp temperatures of the max objective on a dense workload, each run from the previous one's point, and
+#: the iterations allowed at each (the sharpest is the slowest to converge); the reported max loss is exact.
+MAX_TEMPERATURES = (1e-1, 2e-2, 5e-3)
+MAX_STAGE_ITERATIONS = 400
 #: Largest n of a Toeplitz-structured fit: about 300 bytes per step were measured at n = 10^6 (peak RSS 290 MB),
 #: so 2^25 steps need about 10 GB.
 MAX_TOEPLITZ_STEPS = 1 << 25
@@ -86,7 +90,7 @@ class ToeplitzObjective:
         check_toeplitz_size(W.n, p)
         self.n, self.p, self.objective = W.n, p, objective
         self.a = W.toeplitz_column()
-        self.mu = 1e-2
+        self.mu = MAX_TEMPERATURES[-1]
         if self.a is None:
             if W.n > DENSE_MAX_STEPS:
                 raise ValueError(f"workload {W.name} is not Toeplitz: a Toeplitz-structured strategy forms B densely, "
@@ -95,6 +99,11 @@ class ToeplitzObjective:
             self._size = sfft.next_fast_len(2 * self.n - 1, real=True)
             self._Ahat = sfft.rfft(self.A[:, ::-1], self._size, axis=1)
         self.prefix = self.a is not None and bool(np.all(self.a == self.a[0]))
+
+    def temperatures(self) -> tuple[float | None, ...]:
+        """The smoothing temperatures to run in turn: MAX_TEMPERATURES for the max objective on a dense workload,
+        else (None,) (the objective is smooth as it is)."""
+        return MAX_TEMPERATURES if (self.a is None and self.objective == "max") else (None,)
 
     # -- B and its row norms ------------------------------------------------------------------------
     def _b(self, q: np.ndarray) -> np.ndarray:
