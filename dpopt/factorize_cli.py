@@ -170,19 +170,22 @@ def factorize_command(args: argparse.Namespace) -> int:
     if args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
         raise ValueError(f"--out {args.out}: exists and is not a folder")
     try:
-        streaming_workload(W)
-    except ValueError as exc:
-        raise ValueError(f"--workload {args.workload!r}: {exc}") from None
-    try:
         p = Participation(W.n, args.epochs, scheme=args.participation)
     except ValueError as exc:
         raise ValueError(f"--participation {args.participation!r}: {exc}") from None
-    if family != "optimal":
-        if W.toeplitz_column() is not None:
-            check_toeplitz_size(W.n, p)
-        elif W.n > DENSE_MAX_STEPS:
+    if W.m != W.n:
+        raise ValueError(f"--workload {args.workload!r}: a streaming workload is square (n steps x n steps); "
+                         f"{W.name} is {W.m} x {W.n}")
+    if family != "optimal":  # sizes first, before anything of size n is formed
+        check_toeplitz_size(W.n)
+        if W.toeplitz_column() is None and W.n > DENSE_MAX_STEPS:
             raise ValueError(f"--workload {args.workload!r}: not Toeplitz, so the {family} family forms B densely, "
                              f"n <= {DENSE_MAX_STEPS}; got n = {W.n}")
+        check_toeplitz_size(W.n, p)
+    try:
+        streaming_workload(W)
+    except ValueError as exc:
+        raise ValueError(f"--workload {args.workload!r}: {exc}") from None
     progress = _Progress(sys.stderr, W, args.time_limit)
     progress.start(f"{args.family} (k = {args.epochs}, {args.objective})")
     try:
