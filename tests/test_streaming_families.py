@@ -182,3 +182,13 @@ def test_analytic_gradients_match_central_differences(workload, objective):
                        (band.value_grad, rng.random(3 * n) + 0.5)):
             g = fun(x)[1]
             assert np.abs(g - _central_differences(fun, x)).max() <= 1e-6 * np.abs(g).max()
+
+
+@pytest.mark.parametrize(("family", "options"), [("toeplitz", {}), ("blt", {"buffers": 2}), ("banded", {"bandwidth": 4})])
+def test_a_spent_time_limit_keeps_the_start_with_status_time_limit(family, options):
+    """A limit already past when the first run would start (1e-9 s): the start is returned, valid and labelled."""
+    n = 4096
+    p = Participation(n, 2)
+    f = FAMILIES[family](Prefix(n), p, time_limit=1e-9, **options)
+    assert f.status == "time_limit"
+    assert np.isfinite(f.mean_loss) and f.sensitivity > 0
