@@ -7,8 +7,8 @@ streaming differential privacy" (McMahan et al. 2024): C = T(c) with c_0 = 1 and
 c > 0, so the multi-participation sensitivity is exact in closed form (non-negative X). The loss is the Toeplitz
 family's (`ToeplitzObjective`: O(n log n) for a Toeplitz workload), differentiated through c(theta, omega) in
 O(n K). Start: the theta_i log-spaced in 1 - theta, the omega_i fitted to the square-root coefficients by
-non-negative least squares; beyond COARSE_STEPS the parameters are first optimised at COARSE_STEPS steps (they
-do not depend on n) and then refined at n.
+non-negative least squares; beyond COARSE_STEPS the parameters are first optimised at COARSE_STEPS steps, then at
+8 times as many, and so on below n (they do not depend on n), and then refined at n.
 """
 
 from __future__ import annotations
@@ -74,13 +74,22 @@ class BLTObjective:
     def value_grad(self, x: np.ndarray) -> tuple[float, np.ndarray]:
         theta, omega = _unpack(x)
         n = self.n
-        c = blt_coefficients(theta, omega, n)
-        f, gc = self.toe.value_grad(c)
         t = np.arange(n - 1)
         P = np.exp(np.outer(t, np.log(theta)))  # theta^(t-1) for c_1..c_(n-1)
+        c = np.concatenate([[1.0], P @ omega])  # blt_coefficients, with P kept for the gradient
+        f, gc = self.toe.value_grad(c)
         g_omega = gc[1:] @ P
         g_theta = omega * ((gc[1:] * t) @ (P / theta))
         return f, np.concatenate([g_theta * theta * (1 - theta), g_omega * omega])
+
+
+def coarse_sizes(n: int) -> list[int]:
+    """COARSE_STEPS, 8 COARSE_STEPS, ... below n / 2: the levels solved before n (grid sequencing)."""
+    sizes, m = [], COARSE_STEPS
+    while 2 * m < n:
+        sizes.append(m)
+        m *= 8
+    return sizes
 
 
 def _solve(W: Workload, p: Participation, objective: str, x0: np.ndarray, deadline: float | None,
@@ -115,12 +124,15 @@ def optimise(A: Workload | np.ndarray, participation: Participation, *, objectiv
     n = p.n
     theta, omega = initial_blt(K, min(n, COARSE_STEPS) if n > 1 else 2)
     x0 = _pack(theta, omega)
-    coarse = coarse_problem(W, p)
     nit0 = 0
-    if coarse is not None:
+    for size in coarse_sizes(n):  # each level starts the next: the parameters do not depend on n
+        coarse = coarse_problem(W, p, size)
+        if coarse is None:
+            continue
         Wc, pc = coarse
-        share = None if deadline is None else time.perf_counter() + 0.5 * (deadline - time.perf_counter())
-        x0, _, nit0 = _solve(Wc, pc, objective, x0, share, callback, f"blt coarse n={pc.n}", max_iter)
+        share = None if deadline is None else time.perf_counter() + 0.4 * (deadline - time.perf_counter())
+        x0, _, nit = _solve(Wc, pc, objective, x0, share, callback, f"blt coarse n={pc.n}", max_iter)
+        nit0 += nit
     x, status, nit = _solve(W, p, objective, x0, deadline, callback, "blt", max_iter)
     theta, omega = _unpack(x)
     c = blt_coefficients(theta, omega, n)

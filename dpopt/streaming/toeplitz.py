@@ -94,12 +94,12 @@ def _solve_once(obj: ToeplitzObjective, p: Participation, c0: np.ndarray, m: int
     return c, status, nit
 
 
-def coarse_problem(W: Workload, p: Participation) -> tuple[Workload, Participation] | None:
-    """The same workload and epochs at about COARSE_STEPS steps (Toeplitz workloads only), or None."""
+def coarse_problem(W: Workload, p: Participation, size: int = COARSE_STEPS) -> tuple[Workload, Participation] | None:
+    """The same workload and epochs at about `size` steps (Toeplitz workloads only; None unless n > 2 size)."""
     a = W.toeplitz_column()
-    if a is None or p.n <= 2 * COARSE_STEPS:
+    if a is None or p.n <= 2 * size:
         return None
-    nc = max(p.epochs, (COARSE_STEPS // p.epochs) * p.epochs)
+    nc = max(p.epochs, (size // p.epochs) * p.epochs)
     return _ToeplitzColumn(a[:nc]), Participation(nc, p.epochs)
 
 
