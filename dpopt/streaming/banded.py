@@ -21,13 +21,7 @@ import numpy as np
 from scipy.linalg import solve_banded
 
 from dpopt.streaming import series
-from dpopt.streaming.base import (
-    Factorization,
-    check_objective,
-    check_participation,
-    dense_losses,
-    streaming_workload,
-)
+from dpopt.streaming.base import Factorization, dense_losses, prepare
 from dpopt.streaming.fit import KEEP_C_STEPS, deadline_of, factorization, run_lbfgs
 from dpopt.streaming.participation import Participation
 from dpopt.streaming.toeplitz import optimise as optimise_toeplitz
@@ -144,9 +138,7 @@ def optimise(A: Workload | np.ndarray, participation: Participation, *, objectiv
     """The best banded C of bandwidth w for A under k epochs (issue 38 item 2; BandMF, Choquette-Choo et al. 2023;
     the Toeplitz band of McKenna 2024)."""
     t0 = time.perf_counter()
-    W = streaming_workload(A)
-    p = check_participation(participation, W.n)
-    check_objective(objective)
+    W, p = prepare(A, participation, objective)
     w = int(bandwidth)
     if not 1 <= w <= p.n:
         raise ValueError(f"bandwidth must lie in 1..n = {p.n}, got {bandwidth}")

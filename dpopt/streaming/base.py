@@ -99,6 +99,15 @@ def streaming_workload(A: Workload | np.ndarray) -> Workload:
     return W
 
 
+def prepare(A: Workload | np.ndarray, participation: Participation, objective: str
+            ) -> tuple[Workload, Participation]:
+    """The checks every family's `optimise` starts with: (the workload, the participation over its n steps)."""
+    W = streaming_workload(A)
+    p = check_participation(participation, W.n)
+    check_objective(objective)
+    return W, p
+
+
 def decoder(A: np.ndarray, C: np.ndarray) -> np.ndarray:
     """B = A C^-1 by a triangular solve (C^T B^T = A^T)."""
     return solve_triangular(C, A.T, trans="T", lower=True).T

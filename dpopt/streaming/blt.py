@@ -22,12 +22,7 @@ from scipy.optimize import nnls
 from scipy.special import expit
 
 from dpopt.streaming import series
-from dpopt.streaming.base import (
-    Factorization,
-    check_objective,
-    check_participation,
-    streaming_workload,
-)
+from dpopt.streaming.base import Factorization, prepare
 from dpopt.streaming.fit import KEEP_C_STEPS, deadline_of, factorization, run_lbfgs
 from dpopt.streaming.participation import Participation
 from dpopt.streaming.toeplitz import COARSE_STEPS, coarse_problem, toeplitz_matrix
@@ -114,9 +109,7 @@ def optimise(A: Workload | np.ndarray, participation: Participation, *, objectiv
              buffers: int = 4, max_iter: int = 2000) -> Factorization:
     """The best BLT C with K buffers for A under k epochs, by L-BFGS on (theta, omega) (issue 38 item 2)."""
     t0 = time.perf_counter()
-    W = streaming_workload(A)
-    p = check_participation(participation, W.n)
-    check_objective(objective)
+    W, p = prepare(A, participation, objective)
     K = int(buffers)
     if K < 1:
         raise ValueError(f"buffers must be >= 1, got {buffers}")

@@ -16,13 +16,7 @@ from typing import Any
 import numpy as np
 import scipy.linalg
 
-from dpopt.streaming.base import (
-    Factorization,
-    check_objective,
-    check_participation,
-    dense_losses,
-    streaming_workload,
-)
+from dpopt.streaming.base import Factorization, dense_losses, prepare
 from dpopt.streaming.fit import KEEP_C_STEPS, factorization
 from dpopt.streaming.participation import Participation
 from dpopt.streaming.toeplitz import sqrt_start, toeplitz_matrix
@@ -46,9 +40,7 @@ def optimise(A: Workload | np.ndarray, participation: Participation, *, objectiv
              ) -> Factorization:
     """C = A^(1/2) (closed form; `objective` and `time_limit` only label the report) (issue 38 item 2)."""
     t0 = time.perf_counter()
-    W = streaming_workload(A)
-    p = check_participation(participation, W.n)
-    check_objective(objective)
+    W, p = prepare(A, participation, objective)
     n = p.n
     if W.toeplitz_column() is not None:
         c = sqrt_start(W, n)

@@ -21,12 +21,7 @@ import numpy as np
 from scipy.linalg import toeplitz as dense_toeplitz
 
 from dpopt.streaming import series
-from dpopt.streaming.base import (
-    Factorization,
-    check_objective,
-    check_participation,
-    streaming_workload,
-)
+from dpopt.streaming.base import Factorization, prepare
 from dpopt.streaming.fit import KEEP_C_STEPS, deadline_of, factorization, run_lbfgs
 from dpopt.streaming.participation import Participation
 from dpopt.streaming.toeplitz_loss import MAX_STAGE_ITERATIONS, ToeplitzObjective
@@ -127,9 +122,7 @@ def optimise(A: Workload | np.ndarray, participation: Participation, *, objectiv
     """The best lower-triangular Toeplitz C = T(c) for A under k epochs, by L-BFGS on c (issue 38 item 2; the
     sensitivity from truncated autocorrelations)."""
     t0 = time.perf_counter()
-    W = streaming_workload(A)
-    p = check_participation(participation, W.n)
-    check_objective(objective)
+    W, p = prepare(A, participation, objective)
     n = p.n
     m = n if coefficients is None else int(coefficients)
     if not 1 <= m <= n:
