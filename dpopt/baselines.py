@@ -45,25 +45,56 @@ def _tree_splits(lo: int, hi: int, b: int) -> list[tuple[int, int]]:
     return [(int(edges[i]), int(edges[i + 1])) for i in range(k)]
 
 
-def hierarchical_strategy(n: int, branching: int = 2) -> Strategy:
+def tree_height(n: int, b: int) -> int:
+    """h = ceil(log_b n), the number of levels below the root of a b-ary tree over n cells (exact integers)."""
+    h, cells = 0, 1
+    while cells < n:
+        cells *= b
+        h += 1
+    return h
+
+
+def qardaji_variance(n: int, b: int, gaussian: bool = False) -> float:
+    """Qardaji, Yang and Li 2013, Eq. (3): average range-query variance of a b-ary hierarchy with constrained
+    inference over n cells, up to a common factor: (b - 1) h^3 - 2 (b + 1) h^2 / 3 with h = ceil(log_b n).
+
+    Eq. (3) counts Laplace noise, whose variance per node grows as sens1^2 = h^2. gaussian=True divides it by
+    h: the same count of nodes per query with Gaussian noise, whose variance grows as sens2^2 = h.
+    """
+    h = tree_height(n, b)
+    v = (b - 1) * h**3 - 2 * (b + 1) * h**2 / 3
+    return v / h if gaussian else v
+
+
+def qardaji_branching(n: int, gaussian: bool = False) -> int:
+    """Qardaji, Yang and Li 2013 (PVLDB, "Understanding hierarchical methods"), Sec. 4: the branching b in
+    2..n with the least Eq. (3) variance (the smallest such b on a tie; `qardaji_variance`); 2 for n = 1."""
+    n = check_positive_int(n, "n")
+    if n < 2:
+        return 2
+    return min(range(2, n + 1), key=lambda b: (qardaji_variance(n, b, gaussian), b))
+
+
+def hierarchical_strategy(n: int, branching: int = 2, root: bool = True) -> Strategy:
     """Hierarchical strategy H_b: one 0/1 row per node of a b-ary tree over the cells, root to leaves (seed 003).
 
     For n not a power of b the tree splits each node into b near-equal parts, so every leaf is one cell and
-    the height is ceil(log_b n) + 1 levels.
+    the height is ceil(log_b n) + 1 levels. root=False leaves the root's row out (Qardaji et al. 2013 measure
+    the levels below it: the total is the sum of its children), one level less of sensitivity.
     """
     n = check_positive_int(n, "n")
     b = check_positive_int(branching, "branching")
     if b < 2:
         raise ValueError(f"branching must be at least 2, got {b}")
     nodes: list[tuple[int, int]] = []
-    frontier = [(0, n)]
+    frontier = [(0, n)] if root or n == 1 else _tree_splits(0, n, b)
     while frontier:
         nodes.extend(frontier)
         frontier = [c for lo, hi in frontier if hi - lo > 1 for c in _tree_splits(lo, hi, b)]
     starts = np.array([lo for lo, _ in nodes])
     ends = np.array([hi - 1 for _, hi in nodes])
     A = range_rows(n, starts, ends)
-    return Strategy(A, name=f"hierarchical(b={b})")
+    return Strategy(A, name=f"hierarchical(b={b})" if root or n == 1 else f"hierarchical(b={b}, no root)")
 
 
 def wavelet_strategy(n: int) -> Strategy:
@@ -113,10 +144,25 @@ def per_dimension(workload: Workload, make: Callable[[int], Strategy], name: str
     return make(workload.n)
 
 
-def baseline_strategies(workload: Workload | np.ndarray) -> dict[str, Strategy]:
-    """The strategy each baseline mechanism (identity, laplace, hierarchical, wavelet) selects on `workload`."""
+def qardaji_hierarchy(workload: Workload, gaussian: bool) -> Strategy:
+    """The hierarchical mechanism's default strategy: per dimension, Qardaji et al.'s branching
+    (`qardaji_branching`) without the root row, as their HB measures it (Qardaji, Yang and Li 2013)."""
+
+    def make(n: int) -> Strategy:
+        return hierarchical_strategy(n, qardaji_branching(n, gaussian), root=False)
+
+    if isinstance(workload, Kron) and len(workload.factors) > 1:
+        name = "kron(" + ",".join(make(f.n).name for f in workload.factors) + ")"
+    else:
+        name = make(workload.n).name
+    return per_dimension(workload, make, name)
+
+
+def baseline_strategies(workload: Workload | np.ndarray, gaussian: bool = False) -> dict[str, Strategy]:
+    """The strategy each baseline mechanism (identity, laplace, hierarchical, wavelet) selects on `workload`
+    (the hierarchy's branching depends on the noise: gaussian for (eps, delta), Laplace else)."""
     # As dpopt.mechanisms.baselines builds them: laplace is A = W with B = I, per dimension means a
-    # Kronecker product over a dense Kron's factors, hierarchical has its default branching 2.
+    # Kronecker product over a dense Kron's factors, hierarchical has its default Qardaji branching.
     w = as_workload(workload)
     out = {"identity": identity_strategy(w.n)}
     if w.has_rows:  # a Gram-only workload has no rows to add noise to: the Laplace mechanism refuses it too
@@ -124,6 +170,6 @@ def baseline_strategies(workload: Workload | np.ndarray) -> dict[str, Strategy]:
             out["laplace"] = workload_strategy(w)
         except WorkloadTooLargeError:  # so does the Laplace mechanism
             pass
-    out["hierarchical"] = per_dimension(w, lambda n: hierarchical_strategy(n, 2), "hierarchical(b=2)")
+    out["hierarchical"] = qardaji_hierarchy(w, gaussian)
     out["wavelet"] = per_dimension(w, wavelet_strategy, "wavelet")
     return out

@@ -38,15 +38,22 @@ def _haar(n: int) -> np.ndarray:
     return np.array(rows)
 
 
-def _binary_tree(n: int) -> np.ndarray:
-    """Every dyadic interval of n (a power of 2) cells as a 0/1 row, root to leaves."""
-    rows, size = [], n
+def _hb_tree(n: int) -> np.ndarray:
+    """Qardaji et al.'s hierarchy for Gaussian noise over n (a power of 2) cells: b minimising Eq. (3) over
+    sens2^2 = h, ((b - 1) h^3 - 2 (b + 1) h^2 / 3) / h with b^h >= n, every b-adic interval below the root
+    as a 0/1 row (b divides n here; b = n gives the identity)."""
+    def height(b: int) -> int:
+        return next(h for h in range(1, n + 1) if b**h >= n)
+
+    b = min(range(2, n + 1), key=lambda b: (((b - 1) * height(b) ** 3 - 2 * (b + 1) * height(b) ** 2 / 3)
+                                            / height(b), b))
+    rows, size = [], n // b
     while size >= 1:
         for start in range(0, n, size):
             r = np.zeros(n)
             r[start:start + size] = 1.0
             rows.append(r)
-        size //= 2
+        size //= b
     return np.array(rows)
 
 
@@ -59,7 +66,7 @@ def _independent_errors(n: int, P: float) -> dict[str, float]:
     """Expected total error of each baseline on all ranges: P sens2(A)^2 ||B||_F^2, B = W A^+ (or I for laplace)."""
     W = _all_ranges(n)
     out = {}
-    for name, A in (("identity", np.eye(n)), ("wavelet", _haar(n)), ("hierarchical", _binary_tree(n))):
+    for name, A in (("identity", np.eye(n)), ("wavelet", _haar(n)), ("hierarchical", _hb_tree(n))):
         sens2 = np.linalg.norm(A, axis=0).max()
         out[name] = P * sens2**2 * np.linalg.norm(W @ np.linalg.pinv(A), "fro") ** 2
     out["laplace"] = P * np.linalg.norm(W, axis=0).max() ** 2 * W.shape[0]  # A = W, B = I_m

@@ -445,7 +445,7 @@ class Mechanism(ABC):
             own_report = expected_error(sel.strategy, workload, privacy, rtol=self.support_rtol)
         except StrategyError:  # unsupported: fit refuses it and says why, rather than hide it behind a baseline
             return sel
-        baselines = baseline_strategies(workload)
+        baselines = baseline_strategies(workload, gaussian=not privacy.is_pure)
         # the selected strategy's key is its name, kept apart from the baselines' should the two coincide
         own = sel.strategy.name if sel.strategy.name not in baselines else f"{self.short_name}:{sel.strategy.name}"
         own_err = self._baseline_objective(own_report)

@@ -6,6 +6,7 @@ from dpopt.baselines import (
     hierarchical_strategy,
     identity_strategy,
     per_dimension,
+    qardaji_hierarchy,
     wavelet_strategy,
     workload_strategy,
 )
@@ -46,16 +47,30 @@ class IdentityMechanism(_KroneckerBaseline):
 
 
 class HierarchicalMechanism(_KroneckerBaseline):
-    """Hierarchical strategy with branching b, least-squares inference (Hay et al. 2010; seed 003)."""
+    """Hierarchical strategy, least-squares inference (Hay et al. 2010; seed 003), its branching chosen as
+    Qardaji, Yang and Li 2013 do (HB: `qardaji_branching` per dimension, no root row) unless given.
+
+    branching="qardaji" (default) picks b per dimension by Qardaji et al.'s Eq. (3) and leaves the root out,
+    as their HB does (under (eps, delta) Eq. (3) with the Gaussian's sens2^2 = h, `qardaji_variance`); an
+    integer b keeps the full tree with its root (Hay et al.'s H_b). The strategy's name says which b was used.
+    """
 
     short_name = "hierarchical"
 
-    def __init__(self, branching: int = 2) -> None:
+    def __init__(self, branching: int | str = "qardaji") -> None:
+        if branching != "qardaji" and not (isinstance(branching, int) and not isinstance(branching, bool)
+                                           and branching >= 2):
+            raise ValueError(f"branching must be 'qardaji' or an integer >= 2, got {branching!r}")
         self.branching = branching
 
     def _select(self, workload: Workload, privacy: Privacy) -> Selection:
-        name = f"hierarchical(b={self.branching})"
-        return Selection(per_dimension(workload, lambda n: hierarchical_strategy(n, self.branching), name))
+        gaussian = not privacy.is_pure
+        if self.branching == "qardaji":
+            how = f"branching by Qardaji et al. 2013 Eq. (3){' with sens2^2 = h' if gaussian else ''}"
+            return Selection(qardaji_hierarchy(workload, gaussian), message=how)
+        b = int(self.branching)
+        return Selection(per_dimension(workload, lambda n: hierarchical_strategy(n, b), f"hierarchical(b={b})"),
+                         message="given branching")
 
 
 class WaveletMechanism(_KroneckerBaseline):
