@@ -147,6 +147,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="what mm-optimal minimises: the total squared error (default) or the largest per-query "
                         "variance (certified minimax; refused when -m leaves out mm-optimal); every row reports "
                         "max_query_std")
+    p.add_argument("--data", default=None, metavar="npy:PATH",
+                   help="also answer this data in research mode and add data_error (DPBench's mean over samples and "
+                        "trials of ||W x - W x_hat||_2 / m / sum(x)) and data_error_se to every record: a .npy file "
+                        "holding one data vector of n counts or K x n samples")
+    p.add_argument("--trials", type=int, default=1, metavar="K",
+                   help="noise trials per data sample for data_error (default 1)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the research-mode noise for data_error (default 0)")
     p.set_defaults(func=_compare)
 
     from dpopt.release_cli import add_answer_parser
@@ -174,8 +181,9 @@ def _compare(args: argparse.Namespace) -> int:
     privacy = privacy_from_flags(args.epsilon, args.delta, args.calibration)
     workload = workload_from_flag(args.workload)
     check_fits_some(workload, privacy, mechanism_order(mechs), label=f"--workload {args.workload}")
+    data = None if args.data is None else _data_runs(args, workload.n)
     return main_compare(workload, privacy, mechs, args.format, args.plot, time_limit=args.time_limit,
-                        objective=args.objective)
+                        objective=args.objective, data=data)
 
 
 def workload_from_flag(spec: str, domain: Any = None, flag: str = "--workload") -> Any:
@@ -186,6 +194,28 @@ def workload_from_flag(spec: str, domain: Any = None, flag: str = "--workload") 
         raise SpecError(f"{flag} {spec!r}: {exc}") from None
     except MemoryError:
         raise SpecError(f"{flag} {spec!r}: not enough memory to build this workload; expected a smaller one") from None
+
+
+def _data_runs(args: argparse.Namespace, n: int) -> object:
+    """--data npy:PATH, --trials and --seed as `DataRuns`; a ValueError naming the flag and file otherwise."""
+    import numpy as np
+
+    from dpopt.compare import DataRuns
+    from dpopt.error import data_samples
+
+    kind, sep, path = str(args.data).partition(":")
+    if not sep or kind != "npy" or not path:
+        raise ValueError(f"--data {args.data!r}: expected npy:PATH (a .npy file of counts)")
+    if args.trials < 1:
+        raise ValueError(f"--trials {args.trials}: expected a positive number of noise trials per sample")
+    try:
+        X = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--data {args.data}: cannot read {path}: {exc}") from None
+    try:
+        return DataRuns(data_samples(X, n, what=f"--data {args.data}"), args.trials, args.seed)
+    except ValueError as exc:
+        raise ValueError(str(exc)) from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -10,12 +10,14 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, TextIO
 
 import numpy as np
 import pandas as pd
 
 from dpopt.bounds import L2_BOUND_MAX_CELLS, certified_l2_bound
+from dpopt.error import data_error
 from dpopt.mechanisms.base import MechanismError
 from dpopt.mechanisms.convergence import ConvergenceWarning
 from dpopt.mechanisms.registry import (
@@ -47,6 +49,18 @@ COLUMNS = [
     "solver",
     "status",
 ]
+
+
+# Added to COLUMNS when compare is given data (`--data`): DPBench's scaled error and its standard error.
+DATA_COLUMNS = ["data_error", "data_error_se"]
+
+
+def shown_columns(df: pd.DataFrame) -> list[str]:
+    """The columns a table shows: COLUMNS, and DATA_COLUMNS after expected_total_error when measured on data."""
+    if "data_error" not in df:
+        return list(COLUMNS)
+    i = COLUMNS.index("expected_total_error") + 1
+    return [*COLUMNS[:i], *DATA_COLUMNS, *COLUMNS[i:]]
 
 
 # Relative slack on the delta check: the Balle-Wang delta is computed to about 1e-12 relative.
@@ -261,9 +275,20 @@ def check_fits_some(workload: Workload, privacy: Privacy, names: Sequence[str], 
     raise ValueError(f"no mechanism can fit {label or workload.name} ({count_text(workload.n)} cells): {why}{others}")
 
 
+@dataclass(frozen=True)
+class DataRuns:
+    """Data for `compare`'s data_error: K_s x n samples (`dpopt.error.data_samples`), noise trials per sample,
+    and the seed of each mechanism's research-mode noise (the same seed for every mechanism)."""
+
+    samples: np.ndarray
+    trials: int = 1
+    seed: int = 0
+
+
 def _fit_row(name: str, workload: Workload, privacy: Privacy, time_limit: float | None,
-             eigh: Callable[[int], float], progress: _Progress | None, objective: str = "sum") -> dict[str, Any]:
-    """One mechanism's record, or a 'skipped: why' row."""
+             eigh: Callable[[int], float], progress: _Progress | None, objective: str = "sum",
+             data: DataRuns | None = None) -> dict[str, Any]:
+    """One mechanism's record (with data_error and data_error_se when given data), or a 'skipped: why' row."""
     problem = make_mechanism(name).size_problem(workload, privacy)
     if problem is not None:
         if progress is not None:
@@ -289,6 +314,9 @@ def _fit_row(name: str, workload: Workload, privacy: Privacy, time_limit: float 
         rec["max_query_std"], note = max_query_std(mech)
         if note is not None:
             rec["note"] = note
+        if data is not None:
+            rec["data_error"], rec["data_error_se"] = data_error(
+                mech.answer, mech.workload_, data.samples, data.trials, np.random.default_rng(data.seed))
         return rec
     except (MechanismError, StrategyError, WorkloadTooLargeError, MemoryError) as exc:
         return _skipped_row(name, workload, str(exc))
@@ -377,12 +405,14 @@ def release_total_error(row: dict[str, Any], privacy: Privacy) -> float:
         return math.nan
 
 
-def _frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+def _frame(rows: list[dict[str, Any]], data: bool = False) -> pd.DataFrame:
+    """The rows as a table sorted by error: data_error when measured on data, else expected_total_error."""
     df = pd.DataFrame(rows)
-    for col in COLUMNS:
+    for col in COLUMNS + (DATA_COLUMNS if data else []):
         if col not in df:
             df[col] = math.nan
-    return df.sort_values("expected_total_error", na_position="last").reset_index(drop=True)
+    key = "data_error" if data else "expected_total_error"
+    return df.sort_values(key, na_position="last").reset_index(drop=True)
 
 
 def mechanism_order(mechanisms: Sequence[str] | None) -> list[str]:
@@ -403,6 +433,7 @@ def compare(
     time_limit: float | None = DEFAULT_TIME_LIMIT,
     on_row: Callable[[dict[str, Any]], None] | None = None,
     objective: str = "sum",
+    data: DataRuns | None = None,
 ) -> pd.DataFrame:
     """One row per mechanism, sorted by expected total error; a mechanism that cannot run gets status 'skipped: why'.
 
@@ -417,6 +448,10 @@ def compare(
 
     Under the classic Gaussian calibration at an eps where it is not (eps, delta)-DP, every row keeps its
     numbers and its status starts with 'classic-calibration-invalid: achieves delta=... > requested ...'.
+
+    data (`DataRuns`): each fitted mechanism also answers every sample `trials` times in research mode and
+    its row gets data_error (DPBench's mean ||W x - W x_hat||_2 / m / sum(x), `dpopt.error.data_error`)
+    and data_error_se; the rows are then sorted by data_error.
     """
     names = mechanism_order(mechanisms)
     time_limit = check_time_limit(time_limit)
@@ -427,7 +462,7 @@ def compare(
         tightest = eps_dp_bound(workload, privacy, time_limit, display)
         eigh = functools.cache(eigh_seconds)  # probed once per size, and only when an estimate needs it
         for name in names:
-            row = _fit_row(name, workload, privacy, time_limit, eigh, display, objective)
+            row = _fit_row(name, workload, privacy, time_limit, eigh, display, objective, data)
             row["release_total_error"] = release_total_error(row, privacy)
             _use_bound(row, tightest)
             if problem is not None:
@@ -436,8 +471,8 @@ def compare(
             if on_row is not None:
                 on_row(row)
     except KeyboardInterrupt:
-        raise CompareInterrupted(_frame(rows), names[len(rows):]) from None
-    return _frame(rows)
+        raise CompareInterrupted(_frame(rows, data is not None), names[len(rows):]) from None
+    return _frame(rows, data is not None)
 
 
 def format_table(df: pd.DataFrame, fmt: str) -> str:
@@ -447,7 +482,7 @@ def format_table(df: pd.DataFrame, fmt: str) -> str:
         return json.dumps([{str(k): _json_value(v) for k, v in r.items()} for r in records], indent=2)
     if fmt == "csv":
         return df.to_csv(index=False)
-    view = df[COLUMNS].copy()
+    view = df[shown_columns(df)].copy()
     if fmt == "markdown":
         return view.to_markdown(index=False)
     if fmt == "table":
@@ -471,6 +506,8 @@ def _aligned(view: pd.DataFrame) -> str:
             "strategy_rank": "{:.0f}".format,
             "sensitivity": "{:.4g}".format,
             "expected_total_error": "{:.6g}".format,
+            "data_error": "{:.4g}".format,
+            "data_error_se": "{:.2g}".format,
             "rmse": "{:.5g}".format,
             "max_query_std": "{:.5g}".format,
             "bound": "{:.6g}".format,
@@ -512,6 +549,11 @@ def table_footer(df: pd.DataFrame, interrupted: Sequence[str] = ()) -> str:
         lines.append(f"best: {best['mechanism']} (ratio {best['ratio_to_bound']:.4f})")
     else:
         lines.append("best: none (no mechanism finished)")
+    if "data_error" in df and df["data_error"].notna().any():
+        top = df.loc[df["data_error"].idxmin()]
+        se = f" +- {top['data_error_se']:.2g}" if _finite(top.get("data_error_se")) else ""
+        lines.append(f"least data_error (mean ||W x - W x_hat||_2 / m / sum(x) on the data): {top['mechanism']} "
+                     f"({top['data_error']:.4g}{se})")
     status = df["status"].astype(str)
     capped = df[status.str.contains("time_limit", regex=False) & df["expected_total_error"].notna()]
     if len(capped):
@@ -589,7 +631,8 @@ def plot_comparison(df: pd.DataFrame, path: str) -> None:
 
 def main_compare(workload: Workload, privacy: Privacy, mechanisms: Sequence[str] | None,
                  fmt: str, plot: str | None, out: TextIO | None = None,
-                 time_limit: float | None = DEFAULT_TIME_LIMIT, objective: str = "sum") -> int:
+                 time_limit: float | None = DEFAULT_TIME_LIMIT, objective: str = "sum",
+                 data: DataRuns | None = None) -> int:
     """Run a comparison and print it; returns the process exit status (130 after Ctrl-C).
 
     In the table format the header is printed first, each row as a line as it finishes, then the table
@@ -616,13 +659,13 @@ def main_compare(workload: Workload, privacy: Privacy, mechanisms: Sequence[str]
     interrupted: list[str] = []
     try:
         df = compare(workload, privacy, mechanisms, progress=sys.stderr, time_limit=time_limit, on_row=on_row,
-                     objective=objective)
+                     objective=objective, data=data)
     except CompareInterrupted as stop:
         df, interrupted = stop.partial, stop.interrupted
         print(f"dpopt: interrupted; printing the {len(df)} finished row(s); not finished: "
               f"{', '.join(interrupted)}", file=sys.stderr)
     if fmt == "table":
-        body = _aligned(df[COLUMNS]) if len(df) else "(no mechanism finished)"
+        body = _aligned(df[shown_columns(df)]) if len(df) else "(no mechanism finished)"
         print(f"\n{body}\n\n{table_footer(df, interrupted)}", file=out, flush=True)
     else:
         print(format_table(df, fmt), file=out, flush=True)

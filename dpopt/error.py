@@ -177,3 +177,50 @@ def monte_carlo_total(
         }
     ).assign(per_query_mean=[sq_sum / trials])
 
+
+
+def data_samples(X: np.ndarray, n: int, what: str = "data") -> np.ndarray:
+    """Data samples (K_s x n) from one data vector (any array of n entries) or a K_s x n array; non-negative
+    finite counts, each sample with a positive total (the DPBench error divides by it)."""
+    X = np.asarray(X)
+    if not np.issubdtype(X.dtype, np.number) or np.issubdtype(X.dtype, np.complexfloating):
+        raise ValueError(f"{what} holds {X.dtype} values; expected real counts")
+    if X.size == n:
+        X = X.reshape(1, n)
+    elif not (X.ndim == 2 and X.shape[1] == n):
+        raise ValueError(f"{what} has shape {X.shape}; expected {n} cells (one data vector) or K x {n} samples "
+                         "for the workload's domain")
+    X = X.astype(float)
+    if not np.isfinite(X).all() or (X < 0).any():
+        raise ValueError(f"{what} has negative or non-finite counts; expected counts >= 0")
+    if (X.sum(axis=1) <= 0).any():
+        raise ValueError(f"{what} has a sample whose counts sum to 0; the error per record divides by the total")
+    return X
+
+
+def data_error(
+    answer: Callable[[np.ndarray, np.random.Generator], np.ndarray],
+    workload: Workload | np.ndarray,
+    X: np.ndarray,
+    trials: int,
+    rng: np.random.Generator,
+) -> tuple[float, float]:
+    """DPBench's scaled error (Hay et al. SIGMOD 2016, Sec. 4): the mean over data samples and noise trials of
+    ||W x - answer(x)||_2 / m / sum(x), and its standard error (sample std / sqrt(count); NaN for one draw).
+
+    answer(x, rng) returns the m noisy answers of one run (research mode); X is one data vector or K_s x n
+    samples (`data_samples`); every sample gets `trials` runs, drawn in order from rng.
+    """
+    w = as_workload(workload)
+    if isinstance(trials, bool) or not isinstance(trials, (int, np.integer)) or trials < 1:
+        raise ValueError(f"trials must be a positive integer, got {trials!r}")
+    X = data_samples(X, w.n)
+    errs = []
+    for x in X:
+        truth = np.asarray(w.matvec(x), dtype=float)
+        for _ in range(int(trials)):
+            est = np.asarray(answer(x, rng), dtype=float).ravel()
+            errs.append(float(np.linalg.norm(truth - est)) / w.m / float(x.sum()))
+    e = np.asarray(errs)
+    se = float(e.std(ddof=1) / math.sqrt(len(e))) if len(e) > 1 else math.nan
+    return float(e.mean()), se
