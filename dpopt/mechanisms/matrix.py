@@ -25,7 +25,8 @@ sens1(A). `factor="auto"` uses the Cholesky factor under (eps, delta) and, under
 the smallest L1 sensitivity among Cholesky, the symmetric square root and the eigen form diag(sqrt l) V^T.
 
 Inference: least squares (`inference="ls"`, the analytic error applies), or non-negative least squares
-on the measurements (`inference="nnls"`, seed 003): x_hat = argmin_{x >= 0} ||A x - y||, answers W x_hat.
+on the measurements (`inference="nnls"`, seed 003): x_hat = argmin_{x >= 0} ||A x - y||, answers W x_hat,
+certified by its duality gap (`dpopt.solvers.nnls.solve_nnls`) when A has full column rank.
 NNLS is data-dependent and biased; its error is not the analytic one (`expected_error_` remains the
 least-squares error) and `answer_info_` records which inference produced the last answers.
 
@@ -51,7 +52,8 @@ from dpopt.mechanisms.base import FitInfo, Mechanism, MechanismError, Selection
 from dpopt.mechanisms.convergence import check_policy, solver_status
 from dpopt.privacy import Privacy
 from dpopt.solvers.marginal_opt import residual_planner
-from dpopt.solvers.result import CONVERGED, MAX_ITER, STALLED, SolverResult, relative_gap
+from dpopt.solvers.nnls import solve_nnls
+from dpopt.solvers.result import CONVERGED, FAILED, MAX_ITER, STALLED, SolverResult, relative_gap
 from dpopt.strategy import RANK_RTOL, Strategy, StrategyError
 from dpopt.validation import check_choice, check_finite_vector
 from dpopt.workloads import Marginals, Workload, kron_form
@@ -85,6 +87,8 @@ COMPLETION_MIN = 1e-6
 # NNLS: iteration cap of scipy's active-set method (per call) and tolerance of the sparse solver.
 NNLS_MAX_ITER_FACTOR = 50
 NNLS_SPARSE_TOL = 1e-10
+# Certified NNLS (full column rank): stop at this relative duality gap.
+NNLS_GAP_TOL = 1e-9
 
 
 def _gram_factors(X: np.ndarray) -> dict[str, np.ndarray]:
@@ -447,13 +451,20 @@ class MatrixMechanism(Mechanism):
 def nnls_estimate(A: np.ndarray | sp.spmatrix, y: np.ndarray) -> tuple[np.ndarray, float]:
     """Non-negative least squares inference (seed 003): x_hat = argmin_{x >= 0} ||A x - y||_2, and the residual norm.
 
-    A: (r x n) dense or sparse; y: (r,). Dense A uses scipy's active-set NNLS (iteration cap
-    NNLS_MAX_ITER_FACTOR * n), sparse A a bounded trust-region solve with LSMR (tolerance NNLS_SPARSE_TOL).
+    A: (r x n) dense or sparse; y: (r,). With full column rank, the certified solver `dpopt.solvers.nnls.solve_nnls`
+    (relative duality gap <= NNLS_GAP_TOL; MechanismError if it does not certify); else scipy's active-set NNLS
+    (dense; iteration cap NNLS_MAX_ITER_FACTOR * n) or a bounded trust-region solve with LSMR (sparse,
+    tolerance NNLS_SPARSE_TOL), neither certified.
     """
+    res = solve_nnls(A, y, tol=NNLS_GAP_TOL)
+    if res.status == CONVERGED:
+        return np.asarray(res.x), float(np.sqrt(2.0 * res.fun))
+    if res.status != FAILED:  # full column rank but not certified within its iterations
+        raise MechanismError(f"NNLS inference stopped uncertified: {res.message}")
     if sp.issparse(A):
-        res = lsq_linear(sp.csr_matrix(A), y, bounds=(0.0, np.inf), method="trf", lsq_solver="lsmr",
+        out = lsq_linear(sp.csr_matrix(A), y, bounds=(0.0, np.inf), method="trf", lsq_solver="lsmr",
                          tol=NNLS_SPARSE_TOL)
-        x_hat = np.clip(res.x, 0.0, None)
+        x_hat = np.clip(out.x, 0.0, None)
         return x_hat, float(np.linalg.norm(A @ x_hat - y))
     A = np.asarray(A, dtype=float)
     x_hat, rnorm = nnls(A, y, maxiter=NNLS_MAX_ITER_FACTOR * A.shape[1])
