@@ -311,9 +311,13 @@ def _fit_row(name: str, workload: Workload, privacy: Privacy, time_limit: float 
             mech = make_mechanism(name, **params).fit(workload, privacy, time_limit=time_limit,
                                                       progress=None if progress is None else progress.event)
         rec = mech.record()
-        rec["max_query_std"], note = max_query_std(mech)
-        if note is not None:
-            rec["note"] = note
+        # a data-dependent mechanism has no data-independent error model (its record says so)
+        if getattr(mech, "data_dependent", False):
+            rec["max_query_std"] = math.nan
+        else:
+            rec["max_query_std"], note = max_query_std(mech)
+            if note is not None:
+                rec["note"] = note
         if data is not None:
             rec["data_error"], rec["data_error_se"] = data_error(
                 mech.answer, mech.workload_, data.samples, data.trials, np.random.default_rng(data.seed))

@@ -310,11 +310,14 @@ class _Run:
     answers: str = "none"  # "none", "partial" (standard output being written) or "whole"
 
     def spent(self) -> str | None:
-        """This release's charge, as text (None if nothing was charged)."""
+        """This release's charges, summed, as text (None if nothing was charged); a data-dependent mechanism
+        (dawa-opt) charges twice."""
         if self.ledger is None or len(self.ledger.history) <= self.charges_before:
             return None
-        c = self.ledger.history[self.charges_before]
-        return f"eps={c.epsilon:.6g}, delta={c.delta:.3g} (rho={c.rho:.6g})"
+        mine = self.ledger.history[self.charges_before:]
+        text = (f"eps={sum(c.epsilon for c in mine):.6g}, delta={sum(c.delta for c in mine):.3g} "
+                f"(rho={sum(c.rho for c in mine):.6g})")
+        return text + (f" in {len(mine)} charges" if len(mine) > 1 else "")
 
     def charged(self) -> str:
         """Whether and how much the ledger was charged (the ledger is only named if there is one)."""
@@ -339,13 +342,19 @@ def _release(args: argparse.Namespace, mech: Any, x: Any, dom: Domain, run: _Run
     """Release through the ledger (the locked --ledger file, else a ledger for this run only)."""
     from dpopt.release import PrivacyLedger, ledger_file, release
 
+    def answer(ledger: Any) -> pd.DataFrame:
+        # a data-dependent mechanism (dawa-opt) releases in two charged steps of its own
+        if getattr(mech, "data_dependent", False):
+            return mech.release(x, ledger, domain=dom)
+        return release(mech, x, ledger, domain=dom)
+
     if args.ledger is None:
         run.ledger = PrivacyLedger(*_ledger_create(args))
-        return release(mech, x, run.ledger, domain=dom)
+        return answer(run.ledger)
     with ledger_file(args.ledger, create=_ledger_create(args),
                      expect=_ledger_expect(args)) as ledger:
         run.ledger, run.charges_before = ledger, len(ledger.history)
-        return release(mech, x, ledger, domain=dom)
+        return answer(ledger)
 
 
 def _input_files(args: argparse.Namespace) -> list[tuple[str, str]]:
@@ -594,7 +603,7 @@ def _answer(args: argparse.Namespace, run: _Run) -> int:
             info = getattr(mech, "fit_info_", None)
             status = f", {info.status}" if info is not None else ""
             _say(args, f"fitted in {time.perf_counter() - t0:.2f} s{status}")
-            r = int(mech.strategy_.shape[0])
+            r = 0 if mech.strategy_ is None else int(mech.strategy_.shape[0])  # None: chosen with the data
             if r > NOISE_ESTIMATE_ROWS:  # OpenDP's secure samplers draw about 1e4 values a second
                 secs = noise_seconds(r, privacy.delta > 0)
                 _say(args, f"drawing {r} noisy measurements with OpenDP: about {secs:.0f} s")

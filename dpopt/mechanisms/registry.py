@@ -20,12 +20,18 @@ MECHANISMS: dict[str, str] = {
     "lrm": "dpopt.mechanisms.lowrank:LowRankMechanism",
     "om": "dpopt.mechanisms.orthogonal:OrthogonalMechanism",
     "hdmm": "dpopt.mechanisms.hdmm:HDMMMechanism",
+    "dawa-opt": "dpopt.mechanisms.data_aware:DataAwareMechanism",
 }
+
+# Mechanisms whose strategy depends on the data (a private partition first): they have no data-independent
+# expected error or lower bound, and their records leave both null (compare them by data_error).
+DATA_DEPENDENT: tuple[str, ...] = ("dawa-opt",)
 
 # The order in which `dpopt compare` runs mechanisms, fastest first: the closed-form baselines, then the
 # convex and factored selections, then OM, LRM and the Appendix B solver.
 COST_ORDER: tuple[str, ...] = (
-    "laplace", "identity", "hierarchical", "wavelet", "eigen", "mm-optimal", "hdmm", "om", "lrm", "mm-appendix-b",
+    "laplace", "identity", "hierarchical", "wavelet", "eigen", "mm-optimal", "hdmm", "dawa-opt", "om", "lrm",
+    "mm-appendix-b",
 )
 
 # Work of a budgeted matrix-mechanism fit that its time limit does not cut (eigendecompositions and
