@@ -145,6 +145,8 @@ GUARDED = {"eigen", "mm-optimal", "mm-appendix-b", "lrm", "om"}
 def _factory(name: str, paper: bool) -> Callable[[], Mechanism]:
     """The mechanism; with `paper`, the paper's own algorithm (no baseline substitution) for the figure replicas."""
     params: dict[str, object] = {"baselines": False} if paper and name in GUARDED else {}
+    if name == "hierarchical":  # the papers' hierarchy (seed 000's figures, seed 004's Table 2): H_2 with its root
+        params["branching"] = 2
     if name == "lrm":
         params.update(gamma=LRM_GAMMA, seed=0)
     return lambda: make_mechanism(name, **params)

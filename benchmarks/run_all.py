@@ -50,6 +50,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     # no --quick: the default sizes, "about five minutes" on a quiet machine (LRM on WRelated up to n = 2048)
     "mechanisms": ["--repeats", "1", "--budget", "5"],
     "orthogonal": ["--quick", "--seeds", "1", "--repeats", "1"],
+    "dpbench": ["--quick", "--jobs", "1"],
 }
 
 
