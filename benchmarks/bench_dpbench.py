@@ -8,8 +8,9 @@ one (data set, scale, eps, workload, mechanism): the mean error over the K_s x t
 error; the summary gives medians over data sets and each 1-D row's ratios to Ektelo's DAWA and HB.
 
 dpopt's mechanisms: identity, hierarchical (Qardaji et al.'s branching, no root: dpopt's HB), wavelet, and the
-data-aware dawa-opt (DAWA's private partition, then mm-optimal on the buckets), whose least-squares and NNLS
-answers from the same runs are reported too (dawa-opt:ls, dawa-opt:nnls) to measure the inference rule. The
+data-aware dawa-opt (DAWA's private partition, then mm-optimal on the buckets, least-squares answers), whose
+NNLS answers and the rule's (NNLS when a tenth of the bucket estimates are negative) from the same runs are
+reported too (dawa-opt:nnls, dawa-opt:auto) to measure the inference rule. The
 best data-independent dpopt mechanism of a row is the least of identity, hierarchical and wavelet (mm-optimal
 and hdmm at 4096 cells are left out: their eps-DP strategies took minutes per fit here, see the notes).
 
@@ -217,7 +218,9 @@ def _run_dataset(task: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _dawa_opt_rows(base: dict[str, Any], W: Workload, X: np.ndarray, eps: float, trials: int,
                    seed: int) -> list[dict[str, Any]]:
-    """dawa-opt with its rule ("auto"), and its LS and NNLS answers from the same runs."""
+    """dawa-opt's answers by the rule ("auto", NNLS when a tenth or more of the bucket estimates are negative:
+    reported as dawa-opt:auto), least squares (its default: dawa-opt) and NNLS (dawa-opt:nnls), all from the
+    same runs."""
     mech = make_mechanism("dawa-opt", inference="both").fit(W, Privacy(eps))
     rng = np.random.default_rng(seed)
     errs: dict[str, list[float]] = {"auto": [], "ls": [], "nnls": []}
@@ -233,7 +236,7 @@ def _dawa_opt_rows(base: dict[str, Any], W: Workload, X: np.ndarray, eps: float,
             negs.append(out["negative_fraction"])
     secs = time.perf_counter() - t0
     rows = []
-    for k, name in (("auto", "dawa-opt"), ("ls", "dawa-opt:ls"), ("nnls", "dawa-opt:nnls")):
+    for k, name in (("auto", "dawa-opt:auto"), ("ls", "dawa-opt"), ("nnls", "dawa-opt:nnls")):
         e = np.array(errs[k])
         rows.append(_row(base, name, "dpopt", (float(e.mean()), float(e.std(ddof=1) / math.sqrt(e.size))), secs,
                          e.size, buckets=float(np.median(buckets)), negative_fraction=float(np.median(negs))))
@@ -269,10 +272,12 @@ def summary(df: pd.DataFrame, notes: list[str]) -> str:
                          values="error_se").reset_index()
     piv["best_fixed"] = piv[list(DPOPT_FIXED)].min(axis=1)
     ratios = piv[["dataset", "scale", "epsilon", "workload"]].copy()
-    for col in ("dawa-opt", "dawa-opt:ls", "dawa-opt:nnls"):
+    for col in ("dawa-opt", "dawa-opt:auto", "dawa-opt:nnls"):
         ratios[f"{col}/best_fixed"] = piv[col] / piv["best_fixed"]
+    ratios["auto/ls"] = piv["dawa-opt:auto"] / piv["dawa-opt"]
+    ratios["nnls/ls"] = piv["dawa-opt:nnls"] / piv["dawa-opt"]
     if "DAWA" in piv:
-        for col in ("dawa-opt", "dawa-opt:ls", "dawa-opt:nnls"):
+        for col in ("dawa-opt", "dawa-opt:auto", "dawa-opt:nnls"):
             ratios[f"{col}/DAWA"] = piv[col] / piv["DAWA"]
         ratios["dawa-opt_se/DAWA"] = se["dawa-opt"] / piv["DAWA"]
         ratios["DAWA_se/DAWA"] = se["DAWA"] / piv["DAWA"]
@@ -300,6 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="dpbench", help="file stem under benchmarks/results (default dpbench)")
     ap.add_argument("--resume", action="store_true",
                     help="keep the (data set, scale) parts an earlier run finished (results/OUT_parts/)")
+    ap.add_argument("--parts-only", action="store_true",
+                    help="with --resume: run nothing, write the table from the finished parts (it says how many)")
     args = ap.parse_args(argv)
     ek = ektelo()
     names = sorted(p.stem for p in (DATA / "1D").glob("*.npy"))
@@ -317,16 +324,20 @@ def main(argv: list[str] | None = None) -> int:
               "samples": args.samples, "trials": args.trials, "ektelo": ek is not None,
               "part": str(parts / f"{d}_{sc}.csv")} for sc in scales for d, dim in sets]
     done = [t for t in tasks if args.resume and Path(t["part"]).exists()]
-    tasks = [t for t in tasks if t not in done]
+    missing = [t for t in tasks if t not in done]
+    tasks = [] if args.parts_only else missing
     t0 = time.perf_counter()
     with threadpool_limits(limits=1):  # the 1-D pseudo-inverses, shared with the workers by fork
-        n1 = load_1d(names[0], merge).size if names else 0
+        n1 = load_1d(names[0], merge).size if names and tasks else 0
         for mname in DPOPT_FIXED:
             if n1:
                 _pinv(n1, mname, _fixed_strategy(mname, Prefix(n1), (n1,), 1.0))
     rows: list[dict[str, Any]] = []
     for t in done:
-        rows.extend(pd.read_csv(t["part"]).to_dict(orient="records"))
+        part = pd.read_csv(t["part"])
+        if (part["mechanism"] == "dawa-opt:ls").any():  # parts written before the default became least squares
+            part["mechanism"] = part["mechanism"].replace({"dawa-opt": "dawa-opt:auto", "dawa-opt:ls": "dawa-opt"})
+        rows.extend(part.to_dict(orient="records"))
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         for part in pool.map(run_dataset, tasks):
             rows.extend(part)
@@ -340,13 +351,15 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.trials} trials per row, cells merged {merge}:1; research-mode noise, seeded.",
         f"Runtime: {wall:.0f} s wall with {args.jobs} worker processes of one BLAS thread each for the "
         f"{len(tasks)} (data set, scale) parts run now ({len(done)} kept from an earlier run); seconds_per_run in "
-        "the CSV is each mechanism's own wall time.",
-        "Ektelo: " + ("imported from DPOPT_EKTELO_PATH (Identity, HB, Privelet, DAWA ratio 0.25 with the exact L1 "
+        "the CSV is each mechanism's own wall time."
+        + (f" PARTIAL TABLE: {len(missing)} of {len(missing) + len(done)} (data set, scale) parts were not run "
+           f"(--parts-only); `--resume` runs them." if args.parts_only and missing else ""),
+        "Ektelo: " + ("run from DPOPT_EKTELO_PATH (Identity, HB, Privelet, DAWA ratio 0.25 with the exact L1 "
                       "partition, AHP eta 0.35 ratio 0.85); see benchmarks/dpbench_notes.md for what its build "
-                      "needed" if ek is not None else "not importable here (set DPOPT_EKTELO_PATH to a built "
-                      "checkout): Ektelo columns absent"),
-        "dawa-opt's partition noise has twice the scale of DAWA's (the report-noisy-min argument in "
-        "dpopt/partition.py); its second stage is mm-optimal on the buckets up to 512 buckets, else the best of "
+                      "needed" if (df["source"] == "ektelo").any() else
+                      "not importable here (set DPOPT_EKTELO_PATH to a built checkout): Ektelo columns absent"),
+        "dawa-opt's partition noise has 1 to 2 times the scale of DAWA's (Delta_B + Delta_max over eps1 for a "
+        "bucket B: the report-noisy-min argument in dpopt/partition.py); its second stage is mm-optimal on the buckets up to 512 buckets, else the best of "
         "identity, hierarchical and wavelet.",
         "Not run here: mm-optimal and hdmm on the 4096-cell domain (minutes per fit under eps-DP), and Ektelo's "
         "DAWA and dawa-opt on 2-D data (DAWA's exact partition of 65,536 cells is quadratic).",

@@ -7,9 +7,11 @@ each bucket: W x ~ W P x_bar_hat, P the uniform expansion (`dpopt.partition.expa
 a greedy hierarchy; here it is dpopt's own selection on the reduced workload W P (m x k): the certified convex
 optimum `mm-optimal` with its baseline candidates (identity, noise on queries, Qardaji's hierarchy, wavelet)
 up to MAX_OPTIMAL_BUCKETS buckets, the least-error baseline beyond, ranked by exact expected error under the
-second stage's privacy. Inference on the buckets is least squares, or certified non-negative least squares
-(`dpopt.solvers.nnls.solve_nnls`) when the rule in `use_nnls` says so (measured on the DPBench table,
-benchmarks/results/dpbench.md).
+second stage's privacy. Inference on the buckets is least squares (the default), certified non-negative least squares
+(`dpopt.solvers.nnls.solve_nnls`, inference="nnls"), or the rule `use_nnls` (inference="auto": NNLS when a tenth
+or more of the least-squares bucket estimates are negative). On the DPBench table (benchmarks/results/dpbench.md,
+columns dawa-opt:ls, dawa-opt:nnls and dawa-opt, which is the rule) the rule was above least squares on some
+rows, so it is not the default.
 
 Privacy: the partition is (ratio eps)-DP (see `dpopt.partition`), the second stage ((1 - ratio) eps, delta)-DP
 on x_bar (each record lies in one bucket, so the reduction has sensitivity 1); they compose to (eps, delta).
@@ -127,7 +129,7 @@ class DataAwareMechanism(Mechanism):
     short_name: ClassVar[str] = "dawa-opt"
     data_dependent: ClassVar[bool] = True
 
-    def __init__(self, ratio: float = DEFAULT_RATIO, inference: str = "auto",
+    def __init__(self, ratio: float = DEFAULT_RATIO, inference: str = "ls",
                  max_optimal_buckets: int = MAX_OPTIMAL_BUCKETS,
                  negative_fraction: float = NNLS_NEGATIVE_FRACTION) -> None:
         if not (isinstance(ratio, (int, float)) and 0 < float(ratio) < 1):
