@@ -31,6 +31,10 @@ SKIP = {
     "make test": "the test suite itself",
     "dpopt reproduce lrm-fig6 --full --repetitions 1 --epsilon 0.1 --cache runs/":
         "the paper's n range: hours for the full-rank LRM families on two cores (README says so)",
+    "dpopt compare -w prefix:4096 -e 0.1 -m identity,hierarchical,wavelet,dawa-opt "
+    "--data npy:../shared/data/dpbench/1D/ADULTFRANK.n4096.npy --trials 5":
+        "the DPBench vectors are in the shared folder, out of reach here as on a fresh install; "
+        "tests/test_data_error.py runs --data on a file it writes",
 }
 # Commands run only with -m slow, with their cost.
 SLOW = {
