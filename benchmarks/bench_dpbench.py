@@ -302,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trials", type=int, default=1, help="noise trials per sample (default 1)")
     ap.add_argument("--jobs", type=int, default=2, help="worker processes, one data set each at a time (default 2)")
     ap.add_argument("--datasets", default=None, help="comma-separated 1-D data set names (default all 18)")
+    ap.add_argument("--scales", default=None, help="comma-separated scales (default 1e3,1e5,1e7)")
     ap.add_argument("--out", default="dpbench", help="file stem under benchmarks/results (default dpbench)")
     ap.add_argument("--resume", action="store_true",
                     help="keep the (data set, scale) parts an earlier run finished (results/OUT_parts/)")
@@ -316,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
         args.samples = min(args.samples, 2)
     if args.datasets:
         names = [s.strip() for s in args.datasets.split(",") if s.strip()]
+    if args.scales:
+        scales = [int(float(s)) for s in args.scales.split(",") if s.strip()]
     parts = RESULTS / f"{args.out}_parts"
     parts.mkdir(parents=True, exist_ok=True)
     sets = [(d, 1) for d in names] + ([(p.stem, 2) for p in sorted((DATA / "2D").glob("*.npy"))] if args.two_d else [])
