@@ -147,8 +147,13 @@ def nuclear_norm_lower_bound(Z: np.ndarray, d: np.ndarray) -> float | None:
     O(k eps ||N||) per singular value, the order of a backward-stable SVD's. Costs one k x n by n x k
     product and a Cholesky, against an SVD (bidiagonalisation) of N. Returns None when no shift passes.
     """
-    k, n = Z.shape
-    N = Z * np.sqrt(d)
+    return orthogonal_rows_nuclear_lower_bound(Z * np.sqrt(d))
+
+
+def orthogonal_rows_nuclear_lower_bound(N: np.ndarray) -> float | None:
+    """Lower bound on ||N||_* for N (k, n) whose rows are orthogonal up to round-off (`nuclear_norm_lower_bound`'s
+    bound and margins; N is overwritten). Returns None when no shift passes."""
+    k, n = N.shape
     r = np.sqrt(np.einsum("an,an->a", N, N))
     if not (r > 0).all():
         return None

@@ -91,6 +91,7 @@ def pcg(
     damping: float = 0.0,
     project: Callable[[np.ndarray], np.ndarray] | None = None,
     deadline: float | None = None,
+    inverse: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> tuple[np.ndarray, int]:
     """Jacobi-preconditioned CG for (H + damping diag(H)) x = b, H PSD, to ||r|| <= eta ||b||.
 
@@ -98,6 +99,8 @@ def pcg(
     preconditioned residual onto a subspace that b and the products H v lie in: CG then solves on it.
     deadline (a time.perf_counter() value): no product is started after it; CG returns its iterate (every
     CG iterate is an ascent direction). Falls back to b / diag(H) (projected) if CG makes no progress.
+    inverse, if given, applies a positive definite preconditioner M^{-1} in place of the division by diag(H)
+    (h_diag is then only the damping's scale).
     """
     # Relative floor: a coordinate with no curvature (a cell outside range(G)) must not make r / h_diag overflow.
     h_diag = np.maximum(h_diag, max(np.finfo(float).eps * float(h_diag.max()), np.finfo(float).tiny))
@@ -111,7 +114,8 @@ def pcg(
         h_diag = h_diag + shift
 
     def precondition(v: np.ndarray) -> np.ndarray:
-        return v / h_diag if project is None else project(v / h_diag)
+        w = v / h_diag if inverse is None else inverse(v)
+        return w if project is None else project(w)
 
     b_norm = float(np.linalg.norm(b))
     x = np.zeros_like(b)
