@@ -1,0 +1,386 @@
+"""Certified least worst-step loss over every factorization with several participations per user (joint dual Newton).
+
+The max loss of a factorization A = B C at unit noise is sens(X) max_t ||B_t||^2 = sens(X) max_t Var_t(X),
+Var_t(X) = (A X^{-1} A^T)_tt (Choquette-Choo et al., ICML 2023; sens as in `participation_dual`). Its optimum over
+every factorization is, by the minimax theorem (as seed 002's sum problem in `minimax`),
+
+    OPT = min_{sens(X) <= 1} max_t Var_t(X) = max_{u in the simplex} F(u),   F(u) = min_{sens(X) <= 1} tr(G_u X^{-1}),
+
+with G_u = A^T diag(u) A: F(u) is the mean problem of `participation_dual` on G_u. For k = 1 this is
+`minimax.solve_minimax` on A with unit targets, which `solve_participation_max` calls unchanged.
+
+Joint dual. With R = diag(u)^{1/2} A and the block multipliers Lambda of `participation_dual`,
+g(u, Lambda) = 2 phi(u, Lambda) - tr(Lambda) / k, phi = tr((R Lambda R^T)^{1/2}) = ||diag(u)^{1/2} A Lambda^{1/2}||_*,
+and OPT = max over u in the simplex and Lambda of g. phi is jointly concave: it is the least of
+(tr(P^T diag(u) P) + tr(Q Lambda Q^T)) / 2 over the factorizations A = P Q, linear in (u, Lambda). Every (u, Lambda)
+certifies OPT >= phi^2 / sum_pi max_i (Lambda_pi)_ii (F(u) is at least the mean problem's dual bound at Lambda).
+
+Derivatives. T = R Lambda R^T = U diag(s^2) U^T, Z = U^T R, tau = diag(T^{1/2}); X(u, Lambda) = R^T T^{-1/2} R has
+Var_t = tau_t / u_t, and grad_u (2 phi) = Var, grad_Lambda (2 phi) = X's pattern blocks. In a direction (du, E), with
+a = du / u, Ah = U^T diag(a) U, Q = Z E Z^T and c_ab = 1 / (s_a + s_b), the second derivative of 2 phi is (from
+T' = (diag(a) T + T diag(a)) / 2 + R E R^T and T'' = -(diag(a^2) T + T diag(a^2)) / 4 + diag(a) T diag(a) / 2 +
+diag(a) R E R^T + R E R^T diag(a), phi'' = tr(T^{-1/2} T'') / 2 - sum_ab (U^T T' U)_ab^2 kappa_ab / 2)
+
+    -sum_t a_t^2 tau_t / 2 + sum_ab c_ab (Ah_ab^2 (s_a - s_b)^2 / 4 + 2 Ah_ab Q_ab - Q_ab^2 / (s_a s_b)),
+
+so a Hessian product is four n x n products: Ah, Q, then diag(U M U^T) with M = c o (Ah o (s_a - s_b)^2 / 4 + Q)
+and the blocks of Z^T N Z with N = c o (Ah - Q / (s_a s_b)). Newton-CG runs on the tangent space of the simplex with
+log barriers nu (sum_t log u_t + sum_pi log det Lambda_pi), as `participation_dual` does for Lambda alone: at a
+maximiser, Var_t = lambda - nu / u_t <= lambda and X(u, Lambda) has sensitivity <= 1, so the gap is 2 nu n. The
+preconditioner is `participation_dual`'s for Lambda and the exact diagonal in u, sum_ab (U_ta^2 s_a)(U_tb^2 s_b) c_ab
+/ u_t^2 (its Cauchy kernel by the same sinc expansion), the coupling between u and Lambda left out.
+
+Primal point (upper bound): X(u, Lambda) scaled by its certified pattern sensitivities (uniformly, or per pattern
+as in `participation_dual`), its largest variance from a Cholesky factorisation. The returned X is certified
+itself, so a reported loss is reached by a strategy with a proven sensitivity.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import scipy.linalg as sla
+
+from dpopt.solvers.convex_dp_core import certified_status, check_newton_options, unscaled_callback
+from dpopt.solvers.diag_dual_newton import pcg
+from dpopt.solvers.minimax import solve_minimax
+from dpopt.solvers.participation_dual import (
+    _PD_RTOL,
+    _RESCALE_BELOW,
+    _TO_BOUNDARY,
+    ParticipationDual,
+    _pattern_blocks,
+    _positive_inverse,
+    _start,
+    block_diagonal,
+    block_right,
+    cauchy_expansion,
+    check_patterns,
+    kernel_blocks,
+    pattern_sensitivity,
+)
+from dpopt.solvers.result import MAX_ITER, STALLED, SolverResult, lap_timer, relative_gap, stop_rule
+from dpopt.validation import check_finite_matrix, check_time_limit
+
+_ARMIJO = 1e-4
+_MAX_BACKTRACK = 30
+_G_NOISE = 1e-12
+_NU_GAP_FRACTION = 0.1
+_NU_FULL_STEP = 1e-2
+
+
+@dataclass
+class JointPoint:
+    """A joint iterate: weights u (n,) on the simplex, multipliers L (b, k, k), phi, s, U, Z = U^T R (pattern
+    order), X(u, Lambda)'s blocks Xb and tau = diag(T^{1/2})."""
+
+    u: np.ndarray
+    L: np.ndarray
+    phi: float
+    s: np.ndarray
+    U: np.ndarray
+    Z: np.ndarray
+    Xb: np.ndarray
+    tau: np.ndarray
+
+    @property
+    def mass(self) -> float:
+        return float(np.einsum("bii->", self.L)) / self.L.shape[1]
+
+    @property
+    def var(self) -> np.ndarray:
+        """Var_t(X(u, Lambda)) = tau_t / u_t."""
+        return self.tau / self.u
+
+    def psi(self, nu: float) -> float:
+        value = 2.0 * self.phi - self.mass
+        if nu > 0:
+            value += nu * (float(np.linalg.slogdet(self.L)[1].sum()) + float(np.log(self.u).sum()))
+        return value
+
+    def rescaled(self, r: float) -> JointPoint:
+        """The point at (u, r^2 Lambda)."""
+        return JointPoint(self.u, self.L * (r * r), self.phi * r, self.s * r, self.U, self.Z, self.Xb / r, self.tau * r)
+
+
+class JointDual(ParticipationDual):
+    """The joint dual of the max problem on A (n x n, columns reordered pattern by pattern; module docstring)."""
+
+    def __init__(self, A: np.ndarray, patterns: np.ndarray) -> None:
+        super().__init__(A, patterns)
+
+    def factor(self, u: np.ndarray) -> np.ndarray:
+        """R = diag(u)^{1/2} A (pattern order)."""
+        return np.sqrt(u)[:, None] * self.V
+
+    def evaluate_joint(self, u: np.ndarray, L: np.ndarray) -> JointPoint | None:
+        """The joint point at (u, Lambda); None unless u > 0, Lambda > 0 and T > 0 (`participation_dual._PD_RTOL`)."""
+        r, b, k = self.r, self.b, self.k
+        if not (u > 0).all():
+            return None
+        try:
+            F = np.linalg.cholesky(L)
+        except np.linalg.LinAlgError:
+            return None
+        R = self.factor(u)
+        T = block_right(R.reshape(r, b, k), L) @ R.T
+        ev, U = sla.eigh(T, driver="evd", overwrite_a=True, check_finite=False)
+        del T
+        self.n_eigh += 1
+        if np.isfinite(ev).all() and ev[0] > _PD_RTOL * ev[-1]:
+            s = np.sqrt(ev)
+        else:  # small weights make T ill-conditioned: singular values of R F instead (`participation_dual.evaluate`)
+            U, s, _ = sla.svd(block_right(R.reshape(r, b, k), F), full_matrices=False, check_finite=False,
+                              lapack_driver="gesdd")
+            self.n_svd += 1
+            if not np.isfinite(s).all() or s[-1] <= _PD_RTOL * s[0]:
+                return None
+        Z = U.T @ R
+        Z3 = Z.reshape(r, b, k)
+        Xb = block_diagonal(Z3 / s[:, None, None], Z3)
+        tau = np.einsum("ta,a,ta->t", U, s, U)
+        return JointPoint(u, L, float(s.sum()), s, U, Z, (Xb + Xb.transpose(0, 2, 1)) / 2.0, tau)
+
+    def joint_gradient(self, p: JointPoint, nu: float) -> np.ndarray:
+        """grad psi_nu as one vector: (Var + nu / u projected on sum(du) = 0, the Lambda coordinates)."""
+        gu = p.var + (nu / p.u if nu > 0 else 0.0)
+        gL = self.gradient(p, nu)  # the blocks' part (ParticipationDual.gradient uses Xb and L only)
+        return np.concatenate([gu - gu.mean(), gL.ravel()])
+
+    def joint_direction(self, p: JointPoint, nu: float, grad: np.ndarray, eta: float, max_cg: int,
+                        deadline: float | None) -> tuple[np.ndarray, np.ndarray, int]:
+        """Newton-CG direction (du, E) for psi_nu on the tangent space (module docstring); returns (du, E blocks, CG steps)."""
+        n, b, k = self.n, self.b, self.k
+        m = self.basis.shape[0]
+        s, U, Z, u = p.s, p.U, p.Z, p.u
+        Z3 = Z.reshape(n, b, k)
+        c = 1.0 / (s[:, None] + s[None, :])
+        D4 = (s[:, None] - s[None, :]) ** 2 / 4.0
+        ss = np.outer(s, s)
+        Li = np.linalg.inv(p.L) if nu > 0 else None
+        top = float(s.max())
+        sh = s / top
+        # preconditioner: Lambda blocks (participation_dual) and the exact u diagonal, both by the sinc expansion
+        H = self._pattern_hessians_sinc(Z3, sh) / top**3
+        if Li is not None:
+            H += nu * kernel_blocks(lambda i, l, j, mm: Li[:, i, l] * Li[:, j, mm], k)
+        H_inv = _positive_inverse(H)
+        E, w = cauchy_expansion(sh)  # c = sum_q w_q e_q e_q^T / top
+        Pq = (U * U * s[None, :]) @ E.T  # (n, q)
+        hu = (Pq * Pq) @ w / top / (u * u) + (nu / (u * u) if nu > 0 else 0.0)
+        hu = np.maximum(hu, np.finfo(float).eps * float(hu.max()))
+
+        def split(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            return x[:n], x[n:].reshape(b, m)
+
+        def hess(x: np.ndarray) -> np.ndarray:
+            du, vL = split(x)
+            dL = self.blocks(vL)
+            a = du / u
+            Ah = U.T @ (a[:, None] * U)
+            Q = block_right(Z3, dL) @ Z.T
+            M = c * (Ah * D4 + Q)
+            N = c * (Ah - Q / ss)
+            ou = (0.5 * a * p.tau - np.einsum("ta,ta->t", U @ M, U)) / u
+            oL = -block_diagonal(Z3, (N @ Z).reshape(n, b, k))
+            if Li is not None:
+                ou += nu * du / (u * u)
+                oL += nu * np.matmul(np.matmul(Li, dL), Li)
+            return np.concatenate([ou - ou.mean(), self.coords(oL).ravel()])
+
+        def inverse(x: np.ndarray) -> np.ndarray:
+            zu, vL = split(x)
+            zu = zu / hu
+            zu -= (1.0 / hu) * float(zu.sum()) / float((1.0 / hu).sum())  # sum zero in the metric diag(hu)
+            return np.concatenate([zu, np.einsum("bij,bj->bi", H_inv, vL).ravel()])
+
+        h_diag = np.concatenate([hu, np.einsum("bii->bi", H).ravel()])
+        x, used = pcg(hess, h_diag, grad, eta, max_cg, deadline=deadline, inverse=inverse)
+        du, vL = split(x)
+        return du, self.blocks(vL), used
+
+
+def solve_participation_max(
+    A: np.ndarray,
+    patterns: np.ndarray,
+    *,
+    tol: float = 1e-8,
+    max_iter: int = 100,
+    forcing: float = 0.5,
+    max_cg: int = 200,
+    callback: Callable[[dict[str, Any]], bool | None] | None = None,
+    time_limit: float | None = None,
+) -> SolverResult:
+    """Least max_t (A X^{-1} A^T)_tt subject to every pattern's sensitivity <= 1, certified (module docstring).
+
+    A (n, n) of full rank; patterns (b, k) a partition of the n steps (k = 1: `solve_minimax(A)` with unit targets,
+    unchanged). tol, max_iter, forcing, max_cg, callback, time_limit as in `participation_dual.solve_participation`.
+    Returns a SolverResult with x = X (n, n) in the steps' own order with certified sensitivity <= 1, fun = its
+    largest variance (by a Cholesky factorisation), dual_bound = certified lower bound over every factorization;
+    extra: "u" (the weights of the bound), "Lambda", "variances", "sensitivity", "sensitivity_y", "construction",
+    "history", "decompositions", "cg_steps".
+    """
+    A = check_finite_matrix(A, "workload A")
+    n = A.shape[1]
+    if A.shape[0] != n:
+        raise ValueError(f"the max-loss solver takes a square workload A (n x n); got shape {A.shape}")
+    P = check_patterns(patterns, n)
+    if P.shape[1] == 1:
+        res = solve_minimax(A, 1.0, tol=tol, time_limit=time_limit, callback=callback)
+        res.extra["sensitivity"] = float(np.diag(res.x).max())
+        return res
+    check_newton_options(tol, forcing, max_iter, max_cg, 0.0)
+    time_limit = check_time_limit(time_limit)
+    t_wall, t_cpu = time.perf_counter(), time.process_time()
+    scale = float(np.abs(A.T @ A).max())
+    if not scale > 0:
+        raise ValueError("workload A must not be zero")
+    dual = JointDual(A / math.sqrt(scale), P)
+    callback = unscaled_callback(callback, scale)
+    out = _ascend(dual, tol=tol, max_iter=max_iter, forcing=forcing, max_cg=max_cg, callback=callback,
+                  time_limit=time_limit, t_start=t_wall)
+    return _result(dual, out, tol, scale, t_wall, t_cpu)
+
+
+@dataclass
+class _Candidate:
+    point: JointPoint
+    c: np.ndarray
+    fun: float
+    construction: str
+
+
+@dataclass
+class _Ascent:
+    best_dual: JointPoint
+    candidate: _Candidate
+    status: str
+    message: str
+    nit: int
+    cg_steps: int
+    history: list[dict[str, float]]
+
+
+def max_variance(dual: JointDual, Y: np.ndarray) -> float:
+    """max_t (A X^{-1} A^T)_tt for X = Y^T Y (pattern order) by a Cholesky factorisation; inf if X is singular."""
+    X = Y.T @ Y
+    try:
+        L = sla.cholesky((X + X.T) / 2.0, lower=True, check_finite=False)
+    except np.linalg.LinAlgError:
+        return math.inf
+    W = sla.solve_triangular(L, dual.V.T, lower=True, check_finite=False)
+    return float(np.einsum("ij,ij->j", W, W).max())
+
+
+def _ascend(dual: JointDual, *, tol: float, max_iter: int, forcing: float, max_cg: int,
+            callback: Callable[[dict[str, Any]], bool | None] | None, time_limit: float | None,
+            t_start: float) -> _Ascent:
+    """Newton-CG on the joint barrier objective (module docstring), stopping at relative gap <= tol."""
+    n = dual.n
+    u = np.full(n, 1.0 / n)
+    point = dual.evaluate_joint(u, _start(dual) / n)
+    if point is None:
+        raise ValueError("the joint dual is not differentiable at the start: A must have full rank")
+    best_dual_value, best_dual = 0.0, point
+    candidate: _Candidate | None = None
+    nu, alpha, cg_steps = 0.0, 0.0, 0
+    history: list[dict[str, float]] = []
+    status, message, nit = MAX_ITER, f"reached max_iter = {max_iter}", 0
+    lap = lap_timer()
+    for nit in range(max_iter + 1):
+        last = lap()
+        m = point.mass
+        point = point.rescaled((point.phi + math.sqrt(point.phi**2 + 4.0 * m * nu * n)) / (2.0 * m))
+        value = point.phi**2 / point.mass
+        if value > best_dual_value:
+            best_dual_value, best_dual = value, point
+        c = pattern_sensitivity(point.Xb).upper
+        uniform = float(c.max()) * float(point.var.max())
+        if candidate is None or uniform < candidate.fun:
+            candidate = _Candidate(point, np.full(dual.b, float(c.max())), uniform, "uniform scaling")
+        if relative_gap(uniform, best_dual_value) <= _RESCALE_BELOW:
+            fun = max_variance(dual, dual.strategy_factor(point, c))
+            if fun < candidate.fun:
+                candidate = _Candidate(point, c, fun, "pattern rescaling")
+        gap = relative_gap(candidate.fun, best_dual_value)
+        history.append({"nit": nit, "primal": candidate.fun, "dual": best_dual_value, "gap": gap, "nu": nu,
+                        "alpha": alpha, "cg": cg_steps})
+        report = {"nit": nit, "fun": candidate.fun, "dual_bound": best_dual_value, "gap": gap, "nu": nu}
+        stop = stop_rule(callback is not None and bool(callback(report)), gap, tol, nit, max_iter,
+                         time.perf_counter() - t_start + last, time_limit)
+        if stop is not None:
+            status, message = stop
+            break
+        sigma = _NU_FULL_STEP if alpha >= 1.0 else _NU_GAP_FRACTION
+        target = sigma * (candidate.fun - best_dual_value) / n
+        nu = target if nit == 0 else min(nu, target)
+        grad = dual.joint_gradient(point, nu)
+        deadline = None if time_limit is None else t_start + time_limit
+        du, dL, used = dual.joint_direction(point, nu, grad, min(forcing, math.sqrt(max(gap, 0.0))), max_cg, deadline)
+        cg_steps += used
+        slope = float(np.vdot(grad, np.concatenate([du, dual.coords(dL).ravel()])))
+        shrink = du < 0
+        to_u = float((-point.u[shrink] / du[shrink]).min()) if shrink.any() else math.inf
+        alpha = min(1.0, _TO_BOUNDARY * min(to_u, dual.step_to_boundary(point.L, dL)))
+        base, grad_norm = point.psi(nu), float(np.abs(grad).max())
+        trial = None
+        for _ in range(_MAX_BACKTRACK if alpha > 0.0 else 0):
+            u_new = point.u + alpha * du
+            trial = dual.evaluate_joint(u_new / u_new.sum(), point.L + alpha * dL)
+            if trial is not None:
+                value = trial.psi(nu)
+                if value >= base + _ARMIJO * alpha * slope:
+                    break
+                if value >= base - _G_NOISE * abs(base) and float(
+                        np.abs(dual.joint_gradient(trial, nu)).max()) <= 0.5 * grad_norm:
+                    break
+            trial = None
+            alpha *= 0.5
+        if trial is None:
+            status, message = STALLED, f"line search failed at gap {gap:.2e} (numerical floor)"
+            break
+        point = trial
+    return _Ascent(best_dual, candidate, status, message, nit, cg_steps, history)
+
+
+def _result(dual: JointDual, out: _Ascent, tol: float, scale: float, t_wall: float, t_cpu: float) -> SolverResult:
+    """The candidate scaled to a certified sensitivity <= 1, its largest variance recomputed, the dual bound certified at
+    the best joint point; values in A's units, X in the steps' own order."""
+    n, k = dual.n, dual.k
+    Y = dual.strategy_factor(out.candidate.point, out.candidate.c)
+    X = Y.T @ Y
+    del Y
+    X = (X + X.T) / 2.0
+    for _ in range(3):
+        sens = pattern_sensitivity(_pattern_blocks(X, dual.b, k))
+        if sens.value <= 1.0:
+            break
+        X /= sens.value * (1.0 + 4.0 * np.finfo(float).eps)
+    try:
+        L = sla.cholesky(X, lower=True, check_finite=False)
+        W = sla.solve_triangular(L, dual.V.T, lower=True, check_finite=False)
+        variances = np.einsum("ij,ij->j", W, W)
+        fun = float(variances.max())
+    except np.linalg.LinAlgError:
+        variances, fun = np.full(n, np.inf), math.inf
+    best = out.best_dual
+    bound, how = dual.certified_bound(best, fun, tol, V=dual.factor(best.u))
+    inverse = np.argsort(dual.order)
+    X = X[np.ix_(inverse, inverse)]
+    gap = relative_gap(fun, bound)
+    status, message = certified_status(out.status, out.message, gap, tol)
+    for record in out.history:
+        record["primal"] *= scale
+        record["dual"] *= scale
+    extra = {"method": "participation joint dual", "u": best.u, "Lambda": best.L * scale, "variances": variances * scale,
+             "sensitivity": sens.value, "sensitivity_y": sens.y, "construction": out.candidate.construction,
+             "certificate": how, "patterns": dual.order.reshape(dual.b, k),
+             "decompositions": {"eigh": dual.n_eigh, "svd": dual.n_svd}, "cg_steps": out.cg_steps,
+             "history": out.history}
+    return SolverResult.since(t_wall, t_cpu, x=X, fun=fun * scale, status=status, message=message, nit=out.nit,
+                              ninner=out.cg_steps, dual_bound=bound * scale, gap=gap, extra=extra)
