@@ -64,21 +64,26 @@ def optimise(
                          f"(about {12 * 8 * n * n / 1e9:.0f} GB at n = {n}); got n = {n}")
     M = W.matrix()
     patterns = p.patterns()
+    stage = f"optimal ({objective} loss, certified dual Newton)"
+
+    def report(info: dict[str, Any]) -> bool | None:  # the family callbacks' keys: stage, iteration, gap
+        return None if callback is None else callback({**info, "stage": stage, "iteration": info.get("nit")})
+
     if objective == "mean":
-        res = solve_participation(M.T @ M, patterns, tol=tol, time_limit=time_limit, callback=callback,
-                                  **solver_options)
+        res = solve_participation(M.T @ M, patterns, tol=tol, time_limit=time_limit, callback=report, **solver_options)
         lower = float(res.dual_bound) / n
     else:
-        res = solve_participation_max(M, patterns, tol=tol, time_limit=time_limit, callback=callback,
-                                      **solver_options)
+        res = solve_participation_max(M, patterns, tol=tol, time_limit=time_limit, callback=report, **solver_options)
         lower = float(res.dual_bound)
     C = causal_factor(res.x)
-    mean_loss, max_loss, sens2 = dense_losses(M, C, p)
+    mean_loss, max_loss, sens2 = (float(v) for v in dense_losses(M, C, p))
     loss = mean_loss if objective == "mean" else max_loss
+    # the loss recomputed from C may fall below the bound by its own rounding (about n cond(X) eps) when the solver's
+    # gap is smaller than that: the gap is then reported as 0, never negative
     return Factorization(
         family="optimal", n=n, epochs=p.epochs, objective=objective, C=C, params={"tol": tol},
         sensitivity=sens2, mean_loss=mean_loss, max_loss=max_loss, lower_bound=lower,
-        gap=relative_gap(loss, lower), status=res.status, fit_seconds=time.perf_counter() - t0,
+        gap=max(relative_gap(loss, lower), 0.0), status=res.status, fit_seconds=time.perf_counter() - t0,
         extra={"solver": res.summary(), "solver_sensitivity": res.extra.get("sensitivity"),
                "solver_fun": float(res.fun)},
     )
