@@ -51,6 +51,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     "mechanisms": ["--repeats", "1", "--budget", "5"],
     "orthogonal": ["--quick", "--seeds", "1", "--repeats", "1"],
     "dpbench": ["--quick", "--jobs", "1"],
+    "streaming_optimal": ["--quick"],  # n = 256, mean k = 1, 4 and max k = 4, one run each (seconds)
 }
 
 

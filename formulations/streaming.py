@@ -54,7 +54,7 @@ def pattern_constraints(X: cp.Expression, patterns: np.ndarray) -> list[cp.Const
 
 
 def build(workload: Workload | np.ndarray, patterns: np.ndarray, *, objective: str = "mean") -> Model:
-    """The streaming SDP of this module's docstring for A (a Workload or an n x n matrix) and patterns (b, k).
+    """Seed 002's Schur SDP with the k-participation constraints (Choquette-Choo et al. 2023) for A and patterns (b, k).
 
     Variables X (n x n, the strategy Gram C^T C) and Y; solved on A / sqrt(s), s = trace(A^T A) / n, with
     Model.scale = s restoring the loss in A's units: mean loss = scale * value / n, max loss = scale * value.
@@ -97,7 +97,7 @@ def sensitivity_sdp(block: np.ndarray) -> cp.Problem:
 
 
 def participation_sensitivity(X: np.ndarray, patterns: np.ndarray, solver: str = "CLARABEL") -> float:
-    """sens(X) = max over patterns of `sensitivity_sdp` solved by a conic solver (max diag X for k = 1)."""
+    """sens(X) = max over patterns of `sensitivity_sdp` by a conic solver (Choquette-Choo et al. 2023; k = 1: max diag X)."""
     X = np.asarray(X, dtype=float)
     P = _check_patterns(patterns, X.shape[0])
     if P.shape[1] == 1:

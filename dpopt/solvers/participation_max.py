@@ -109,7 +109,8 @@ class JointPoint:
 
 
 class JointDual(ParticipationDual):
-    """The joint dual of the max problem on A (n x n, columns reordered pattern by pattern; module docstring)."""
+    """Seed 002's dual over step weights u and pattern blocks Lambda (the max problem, Choquette-Choo et al. 2023) on
+    A (n x n, columns reordered pattern by pattern; module docstring)."""
 
     def __init__(self, A: np.ndarray, patterns: np.ndarray) -> None:
         super().__init__(A, patterns)
@@ -216,7 +217,7 @@ def solve_participation_max(
     callback: Callable[[dict[str, Any]], bool | None] | None = None,
     time_limit: float | None = None,
 ) -> SolverResult:
-    """Least max_t (A X^{-1} A^T)_tt subject to every pattern's sensitivity <= 1, certified (module docstring).
+    """Least max_t (A X^{-1} A^T)_tt with every pattern's sensitivity <= 1, certified (seed 002's dual, jointly in u).
 
     A (n, n) of full rank; patterns (b, k) a partition of the n steps (k = 1: `solve_minimax(A)` with unit targets,
     unchanged). tol, max_iter, forcing, max_cg, callback, time_limit as in `participation_dual.solve_participation`.

@@ -17,7 +17,7 @@ from dpopt.validation import check_finite_matrix
 
 
 def causal_factor(X: np.ndarray) -> np.ndarray:
-    """C lower triangular with C^T C = X (X symmetric positive definite), by a Cholesky factorisation of J X J."""
+    """C lower triangular with C^T C = X (X positive definite) by a Cholesky factorisation of J X J (Denisov et al. 2022)."""
     X = check_finite_matrix(X, "strategy Gram X")
     if X.shape[0] != X.shape[1]:
         raise ValueError(f"strategy Gram X must be square; got shape {X.shape}")
