@@ -167,7 +167,7 @@ class JointDual(ParticipationDual):
         top = float(s.max())
         sh = s / top
         # preconditioner: Lambda blocks (participation_dual) and the exact u diagonal, both by the sinc expansion
-        H = self._pattern_hessians_sinc(Z3, sh) / top**3
+        H = self._pattern_hessians(Z3, sh) / top**3
         if Li is not None:
             H += nu * kernel_blocks(lambda i, l, j, mm: Li[:, i, l] * Li[:, j, mm], k)
         H_inv = _positive_inverse(H)
