@@ -309,6 +309,11 @@ def block_right(M3: np.ndarray, L: np.ndarray) -> np.ndarray:
     return np.matmul(M3.transpose(1, 0, 2), L.astype(M3.dtype)).transpose(1, 0, 2).reshape(r, b * k)
 
 
+def gram_lower(W: np.ndarray) -> np.ndarray:
+    """The lower triangle of W W^T (W (r, n) float64, C order) by one BLAS syrk, half the flops of W @ W.T."""
+    return sla.blas.dsyrk(1.0, W.T, trans=1, lower=1)
+
+
 def block_diagonal(P3: np.ndarray, Q3: np.ndarray) -> np.ndarray:
     """The diagonal k x k blocks of P^T Q for P, Q (r, n) given as (r, b, k): returns (b, k, k)."""
     return np.matmul(P3.transpose(1, 2, 0), Q3.transpose(1, 0, 2))
@@ -343,15 +348,15 @@ class ParticipationDual:
             F = np.linalg.cholesky(L)
         except np.linalg.LinAlgError:
             return None
-        V3 = self.V.reshape(r, b, k)
-        T = block_right(V3, L) @ self.V.T
+        W = block_right(self.V.reshape(r, b, k), F)  # V F, F F^T = Lambda
+        T = gram_lower(W)
         ev, U = sla.eigh(T, driver="evd", overwrite_a=True, check_finite=False)
         del T
         self.n_eigh += 1
         if np.isfinite(ev).all() and ev[0] > _PD_RTOL * ev[-1]:
             s = np.sqrt(ev)
         elif r == self.n:
-            U, s, _ = sla.svd(block_right(V3, F), full_matrices=False, check_finite=False, lapack_driver="gesdd")
+            U, s, _ = sla.svd(W, full_matrices=False, check_finite=False, lapack_driver="gesdd")
             self.n_svd += 1
             if not np.isfinite(s).all() or s[-1] <= _PD_RTOL * s[0]:
                 return None

@@ -61,6 +61,7 @@ from dpopt.solvers.participation_dual import (
     block_right,
     cauchy_expansion,
     check_patterns,
+    gram_lower,
     kernel_blocks,
     pattern_sensitivity,
 )
@@ -129,15 +130,13 @@ class JointDual(ParticipationDual):
         except np.linalg.LinAlgError:
             return None
         R = self.factor(u)
-        T = block_right(R.reshape(r, b, k), L) @ R.T
-        ev, U = sla.eigh(T, driver="evd", overwrite_a=True, check_finite=False)
-        del T
+        W = block_right(R.reshape(r, b, k), F)  # R F, F F^T = Lambda
+        ev, U = sla.eigh(gram_lower(W), driver="evd", overwrite_a=True, check_finite=False)
         self.n_eigh += 1
         if np.isfinite(ev).all() and ev[0] > _PD_RTOL * ev[-1]:
             s = np.sqrt(ev)
         else:  # small weights make T ill-conditioned: singular values of R F instead (`participation_dual.evaluate`)
-            U, s, _ = sla.svd(block_right(R.reshape(r, b, k), F), full_matrices=False, check_finite=False,
-                              lapack_driver="gesdd")
+            U, s, _ = sla.svd(W, full_matrices=False, check_finite=False, lapack_driver="gesdd")
             self.n_svd += 1
             if not np.isfinite(s).all() or s[-1] <= _PD_RTOL * s[0]:
                 return None
