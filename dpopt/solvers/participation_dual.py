@@ -377,8 +377,8 @@ class ParticipationDual:
 
     def newton_direction(self, p: BlockPoint, nu: float, grad: np.ndarray, eta: float, max_cg: int,
                          deadline: float | None) -> tuple[np.ndarray, int]:
-        """Solve (-Hess psi_nu) step = grad by CG to relative residual eta, preconditioned by the exact blocks of each
-        pattern (module docstring); returns the step as blocks (b, k, k) and the number of Hessian products."""
+        """Solve (-Hess psi_nu) step = grad by CG to relative residual eta, preconditioned by the blocks of each pattern
+        (module docstring); returns the step's coordinates (b, m) and the number of Hessian products."""
         r, b, k = self.r, self.b, self.k
         s, Z = p.s, p.Z
         top = float(s.max())
@@ -416,8 +416,7 @@ class ParticipationDual:
                 out += nu * np.matmul(np.matmul(Li, E), Li)
             return self.coords(out)
 
-        step, used = pcg(hess_vec, h_diag, grad, eta, max_cg, deadline=deadline, inverse=inverse)
-        return self.blocks(step), used
+        return pcg(hess_vec, h_diag, grad, eta, max_cg, deadline=deadline, inverse=inverse)
 
     def _pattern_hessians(self, Z3: np.ndarray, sh: np.ndarray) -> np.ndarray:
         """(b, m, m): each pattern's block of the Hessian of -2 phi (times top^3) in the basis, from the entries
@@ -450,6 +449,51 @@ class ParticipationDual:
         low = float(np.linalg.eigvalsh(np.matmul(np.matmul(Fi, E), Fi.transpose(0, 2, 1)))[:, 0].min())
         return 1.0 / _TO_BOUNDARY if low >= -_TO_BOUNDARY else -1.0 / low
 
+    # The ascent's interface (`ascend`, `finish`); the max problem's `participation_max.JointDual` overrides it.
+
+    def start(self) -> BlockPoint | None:
+        """The first iterate: `_start`'s multipliers."""
+        return self.evaluate(_start(self))
+
+    def ascent_gradient(self, p: BlockPoint, nu: float) -> np.ndarray:
+        return self.gradient(p, nu)
+
+    def direction(self, p: BlockPoint, nu: float, grad: np.ndarray, eta: float, max_cg: int,
+                  deadline: float | None) -> tuple[np.ndarray, int]:
+        return self.newton_direction(p, nu, grad, eta, max_cg, deadline)
+
+    def to_boundary(self, p: BlockPoint, step: np.ndarray) -> float:
+        return self.step_to_boundary(p.L, self.blocks(step))
+
+    def move(self, p: BlockPoint, step: np.ndarray, alpha: float) -> BlockPoint | None:
+        return self.evaluate(p.L + alpha * self.blocks(step))
+
+    def uniform_value(self, p: BlockPoint, c_max: float) -> float:
+        """Value of X(Lambda) / c_max: c_max phi exactly."""
+        return c_max * p.phi
+
+    def rescaled_value(self, p: BlockPoint, c: np.ndarray) -> float:
+        """Value of D X(Lambda) D, D = c_pi^{-1/2} on pattern pi, by a Cholesky solve (inf unless G is nonsingular
+        and X numerically positive definite)."""
+        if self.r < self.n:
+            return math.inf
+        Y = self.strategy_factor(p, c)
+        try:
+            return objective_from_factor(self.V, Y.T @ Y)
+        except np.linalg.LinAlgError:
+            return math.inf
+
+    def value(self, X: np.ndarray) -> tuple[float, dict[str, np.ndarray]]:
+        """tr(G X^{-1}) of the strategy returned (pattern order), and no further arrays."""
+        try:
+            return objective_from_factor(self.V, X), {}
+        except np.linalg.LinAlgError:
+            return math.inf, {}
+
+    def bound_factor(self, p: BlockPoint) -> np.ndarray:
+        """The factor V (pattern order) that p was evaluated on."""
+        return self.V
+
     def strategy_factor(self, p: BlockPoint, c: np.ndarray | None = None) -> np.ndarray:
         """Y (r, n) with Y^T Y = X(Lambda) (pattern order), each pattern's columns scaled by c_pi^{-1/2} if c given."""
         Y = p.Z / np.sqrt(p.s)[:, None]
@@ -476,16 +520,6 @@ class ParticipationDual:
             if svd_phi > 0.0 and svd_phi * svd_phi / mass > bound:
                 bound, how = svd_phi * svd_phi / mass, "singular values"
         return bound, how
-
-
-@dataclass
-class _Candidate:
-    """A primal point: X(Lambda) at `point` with pattern pi scaled by 1 / c_pi (sensitivity 1 each), its value."""
-
-    point: BlockPoint
-    c: np.ndarray
-    fun: float
-    construction: str
 
 
 def solve_participation(
@@ -533,9 +567,11 @@ def solve_participation(
     dual = ParticipationDual(V, P)
     del V
     callback = unscaled_callback(callback, scale)
-    out = _ascend(dual, tol=tol, max_iter=max_iter, forcing=forcing, max_cg=max_cg, callback=callback,
-                  time_limit=time_limit, t_start=t_wall)
-    return _result(dual, out, tol, scale, t_wall, t_cpu)
+    out = ascend(dual, tol=tol, max_iter=max_iter, forcing=forcing, max_cg=max_cg, callback=callback,
+                 time_limit=time_limit, t_start=t_wall)
+    res = finish(dual, out, tol, scale, t_wall, t_cpu, "participation dual")
+    res.extra["decompositions"]["eigh"] += 1  # G's, in range_factor
+    return res
 
 
 def _start(dual: ParticipationDual) -> np.ndarray:
@@ -548,10 +584,20 @@ def _start(dual: ParticipationDual) -> np.ndarray:
 
 
 @dataclass
-class _Ascent:
-    """What `_ascend` found: the best dual point, the best primal candidate, and run data."""
+class _Candidate:
+    """A primal point: X(Lambda) at `point` with pattern pi scaled by 1 / c_pi (sensitivity 1 each), its value."""
 
-    best_dual: BlockPoint
+    point: BlockPoint
+    c: np.ndarray
+    fun: float
+    construction: str
+
+
+@dataclass
+class Ascent:
+    """What `ascend` found: the best dual point, the best primal candidate, and run data."""
+
+    best_dual: Any
     candidate: _Candidate
     status: str
     message: str
@@ -561,12 +607,19 @@ class _Ascent:
     history: list[dict[str, float]]
 
 
-def _ascend(dual: ParticipationDual, *, tol: float, max_iter: int, forcing: float, max_cg: int,
-            callback: Callable[[dict[str, Any]], bool | None] | None, time_limit: float | None,
-            t_start: float) -> _Ascent:
-    """Newton-CG on psi_nu with a falling barrier parameter (module docstring), stopping at relative gap <= tol."""
-    n = dual.n
-    point = dual.evaluate(_start(dual))
+def ascend(problem: ParticipationDual, *, tol: float, max_iter: int, forcing: float, max_cg: int,
+           callback: Callable[[dict[str, Any]], bool | None] | None, time_limit: float | None,
+           t_start: float) -> Ascent:
+    """Newton-CG on psi_nu with a falling barrier parameter (module docstring), stopping at relative gap <= tol.
+
+    Each iterate is first moved to the best point on its ray t Lambda for psi_nu (m u^2 - phi u - nu n = 0 with
+    u = sqrt(t)); its dual bound phi^2 / sum(mu) and the values of X(Lambda) scaled uniformly and (below
+    _RESCALE_BELOW) per pattern are kept when best; nu is the gap over n times sigma (1e-2 after a full step, 0.1
+    otherwise) and never rises; the step goes _TO_BOUNDARY of the way to the cone's boundary at most, then halves
+    until psi_nu rises by Armijo's rule (or, at round-off level, stays and the gradient halves).
+    """
+    n = problem.n
+    point = problem.start()
     if point is None:
         raise ValueError("the dual function is not differentiable at the start (V Lambda V^T is singular)")
     best_dual_value, best_dual_point = 0.0, point
@@ -577,20 +630,19 @@ def _ascend(dual: ParticipationDual, *, tol: float, max_iter: int, forcing: floa
     lap = lap_timer()
     for nit in range(max_iter + 1):
         last = lap()
-        # best point on the ray t Lambda for psi_nu: m u^2 - phi u - nu n = 0 with u = sqrt(t)
         m = point.mass
         point = point.rescaled((point.phi + math.sqrt(point.phi**2 + 4.0 * m * nu * n)) / (2.0 * m))
         value = point.phi**2 / point.mass
         if value > best_dual_value:
             best_dual_value, best_dual_point = value, point
         c = pattern_sensitivity(point.Xb).upper
-        uniform = float(c.max()) * point.phi
+        uniform = problem.uniform_value(point, float(c.max()))
         if candidate is None or uniform < candidate.fun:
-            candidate = _Candidate(point, np.full(dual.b, float(c.max())), uniform, "uniform scaling")
-        if relative_gap(uniform, best_dual_value) <= _RESCALE_BELOW and dual.r == n:
-            rescaled = _pattern_rescaled(dual, point, c)
-            if rescaled is not None and rescaled.fun < candidate.fun:
-                candidate = rescaled
+            candidate = _Candidate(point, np.full(problem.b, float(c.max())), uniform, "uniform scaling")
+        if relative_gap(uniform, best_dual_value) <= _RESCALE_BELOW:
+            rescaled = problem.rescaled_value(point, c)
+            if rescaled < candidate.fun:
+                candidate = _Candidate(point, c, rescaled, "pattern rescaling")
         gap = relative_gap(candidate.fun, best_dual_value)
         history.append({"nit": nit, "primal": candidate.fun, "dual": best_dual_value, "gap": gap, "nu": nu,
                         "alpha": alpha, "cg": cg_steps})
@@ -600,25 +652,22 @@ def _ascend(dual: ParticipationDual, *, tol: float, max_iter: int, forcing: floa
         if stop is not None:
             status, message = stop
             break
-        sigma = _NU_FULL_STEP if alpha >= 1.0 else _NU_GAP_FRACTION
-        nu = sigma * (candidate.fun - best_dual_value) / n if nit == 0 else min(nu, sigma * (candidate.fun - best_dual_value) / n)
-        grad = dual.gradient(point, nu)
-        eta = min(forcing, math.sqrt(max(gap, 0.0)))
+        target = (_NU_FULL_STEP if alpha >= 1.0 else _NU_GAP_FRACTION) * (candidate.fun - best_dual_value) / n
+        nu = target if nit == 0 else min(nu, target)
+        grad = problem.ascent_gradient(point, nu)
         deadline = None if time_limit is None else t_start + time_limit
-        step, used = dual.newton_direction(point, nu, grad, eta, max_cg, deadline)
+        step, used = problem.direction(point, nu, grad, min(forcing, math.sqrt(max(gap, 0.0))), max_cg, deadline)
         cg_steps += used
-        slope = float(np.vdot(grad, dual.coords(step)))
-        alpha = min(1.0, _TO_BOUNDARY * dual.step_to_boundary(point.L, step))
+        slope = float(np.vdot(grad, step))
+        alpha = min(1.0, _TO_BOUNDARY * problem.to_boundary(point, step))
         base, grad_norm = point.psi(nu), float(np.abs(grad).max())
         trial = None
         for _ in range(_MAX_BACKTRACK if alpha > 0.0 else 0):
-            trial = dual.evaluate(point.L + alpha * step)
+            trial = problem.move(point, step, alpha)
             if trial is not None:
                 value = trial.psi(nu)
-                if value >= base + _ARMIJO * alpha * slope:
-                    break
-                if value >= base - _G_NOISE * abs(base) and float(
-                        np.abs(dual.gradient(trial, nu)).max()) <= 0.5 * grad_norm:
+                if value >= base + _ARMIJO * alpha * slope or (value >= base - _G_NOISE * abs(base) and float(
+                        np.abs(problem.ascent_gradient(trial, nu)).max()) <= 0.5 * grad_norm):
                     break
             trial = None
             alpha *= 0.5
@@ -626,60 +675,48 @@ def _ascend(dual: ParticipationDual, *, tol: float, max_iter: int, forcing: floa
             status, message = STALLED, f"line search failed at gap {gap:.2e} (numerical floor)"
             break
         point = trial
-    return _Ascent(best_dual_point, candidate, status, message, nit, cg_steps, nu, history)
+    return Ascent(best_dual_point, candidate, status, message, nit, cg_steps, nu, history)
 
 
-def _pattern_rescaled(dual: ParticipationDual, p: BlockPoint, c: np.ndarray) -> _Candidate | None:
-    """D X(Lambda) D with D = c_pi^{-1/2} on pattern pi (every pattern at sensitivity 1), its value by a Cholesky
-    solve (`objective_from_factor`); None if X is not numerically positive definite."""
-    Y = dual.strategy_factor(p, c)
-    try:
-        fun = objective_from_factor(dual.V, Y.T @ Y)
-    except np.linalg.LinAlgError:
-        return None
-    return _Candidate(p, c, fun, "pattern rescaling") if np.isfinite(fun) else None
-
-
-def _result(dual: ParticipationDual, out: _Ascent, tol: float, scale: float, t_wall: float,
-            t_cpu: float) -> SolverResult:
-    """The SolverResult: the candidate scaled to a certified sensitivity <= 1 and its value recomputed, the dual bound
-    certified at the best dual point, both in G's units, X in the steps' own order."""
-    n, k = dual.n, dual.k
-    Y = dual.strategy_factor(out.candidate.point, out.candidate.c)
+def finish(problem: ParticipationDual, out: Ascent, tol: float, scale: float, t_wall: float, t_cpu: float,
+           method: str) -> SolverResult:
+    """The SolverResult of an ascent: the candidate scaled to a certified sensitivity <= 1 and its value recomputed
+    (`problem.value`), the dual bound certified at the best dual point, values in G's units (times scale), X in the
+    steps' own order. For singular G (rank r < n) the strategy is (1 - theta) X / c + theta I / k, theta = tol / 10
+    (sensitivity <= 1, range(G) covered), with the value bound c phi / (1 - theta)."""
+    n, k = problem.n, problem.k
+    Y = problem.strategy_factor(out.candidate.point, out.candidate.c)
     X = Y.T @ Y
     del Y
     X = (X + X.T) / 2.0
-    theta = tol / 10.0 if dual.r < n else 0.0  # singular G: ridge completion, sensitivity (1 - theta) + theta
+    theta = tol / 10.0 if problem.r < n else 0.0
     if theta > 0.0:
         X *= 1.0 - theta
         X[np.diag_indices(n)] += theta / k
     factor = 1.0
     for _ in range(3):  # exact but for rounding: the matrix returned is certified itself
-        sens = pattern_sensitivity(_pattern_blocks(X, dual.b, k))
+        sens = pattern_sensitivity(_pattern_blocks(X, problem.b, k))
         if sens.value <= 1.0:
             break
         X /= sens.value * (1.0 + 4.0 * np.finfo(float).eps)
         factor *= sens.value * (1.0 + 4.0 * np.finfo(float).eps)
-    if theta > 0.0:
-        fun = float(out.candidate.fun) * factor / (1.0 - theta)
-    else:
-        try:
-            fun = objective_from_factor(dual.V, X)
-        except np.linalg.LinAlgError:
-            fun = math.inf
-    dual_bound, how = dual.certified_bound(out.best_dual, fun, tol)
-    inverse = np.argsort(dual.order)
+    fun, arrays = (float(out.candidate.fun) * factor / (1.0 - theta), {}) if theta > 0.0 else problem.value(X)
+    best = out.best_dual
+    dual_bound, how = problem.certified_bound(best, fun, tol, V=problem.bound_factor(best))
+    inverse = np.argsort(problem.order)
     X = X[np.ix_(inverse, inverse)]
     gap = relative_gap(fun, dual_bound)
     status, message = certified_status(out.status, out.message, gap, tol)
     for record in out.history:
         record["primal"] *= scale
         record["dual"] *= scale
-    extra = {"method": "participation dual", "Lambda": out.best_dual.L * scale, "sensitivity": sens.value,
-             "sensitivity_y": sens.y, "construction": out.candidate.construction, "certificate": how,
-             "nu": out.nu * scale, "rank": dual.r, "patterns": dual.order.reshape(dual.b, k),
-             "decompositions": {"eigh": dual.n_eigh + 1, "svd": dual.n_svd}, "cg_steps": out.cg_steps,
-             "history": out.history}
+    extra = {"method": method, "Lambda": best.L * scale, "sensitivity": sens.value, "sensitivity_y": sens.y,
+             "construction": out.candidate.construction, "certificate": how, "nu": out.nu * scale, "rank": problem.r,
+             "patterns": problem.order.reshape(problem.b, k), "cg_steps": out.cg_steps, "history": out.history,
+             "decompositions": {"eigh": problem.n_eigh, "svd": problem.n_svd},
+             **{key: value * scale for key, value in arrays.items()}}
+    if hasattr(best, "u"):
+        extra["u"] = best.u
     return SolverResult.since(t_wall, t_cpu, x=X, fun=fun * scale, status=status, message=message, nit=out.nit,
                               ninner=out.cg_steps, dual_bound=dual_bound * scale, gap=gap, extra=extra)
 

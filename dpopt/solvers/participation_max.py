@@ -46,33 +46,25 @@ from typing import Any
 import numpy as np
 import scipy.linalg as sla
 
-from dpopt.solvers.convex_dp_core import certified_status, check_newton_options, unscaled_callback
+from dpopt.solvers.convex_dp_core import check_newton_options, unscaled_callback
 from dpopt.solvers.diag_dual_newton import pcg
 from dpopt.solvers.minimax import solve_minimax
 from dpopt.solvers.participation_dual import (
     _PD_RTOL,
-    _RESCALE_BELOW,
-    _TO_BOUNDARY,
     ParticipationDual,
-    _pattern_blocks,
     _positive_inverse,
     _start,
+    ascend,
     block_diagonal,
     block_right,
     cauchy_expansion,
     check_patterns,
+    finish,
     gram_lower,
     kernel_blocks,
-    pattern_sensitivity,
 )
-from dpopt.solvers.result import MAX_ITER, STALLED, SolverResult, lap_timer, relative_gap, stop_rule
+from dpopt.solvers.result import SolverResult
 from dpopt.validation import check_finite_matrix, check_time_limit
-
-_ARMIJO = 1e-4
-_MAX_BACKTRACK = 30
-_G_NOISE = 1e-12
-_NU_GAP_FRACTION = 0.1
-_NU_FULL_STEP = 1e-2
 
 
 @dataclass
@@ -146,6 +138,44 @@ class JointDual(ParticipationDual):
         tau = np.einsum("ta,a,ta->t", U, s, U)
         return JointPoint(u, L, float(s.sum()), s, U, Z, (Xb + Xb.transpose(0, 2, 1)) / 2.0, tau)
 
+    # `participation_dual.ascend`'s interface for the joint problem (u and Lambda move together)
+
+    def start(self) -> JointPoint | None:
+        """Uniform weights u = 1 / n and `participation_dual._start`'s multipliers for G_u = G / n."""
+        return self.evaluate_joint(np.full(self.n, 1.0 / self.n), _start(self) / self.n)
+
+    def ascent_gradient(self, p: JointPoint, nu: float) -> np.ndarray:
+        return self.joint_gradient(p, nu)
+
+    def direction(self, p: JointPoint, nu: float, grad: np.ndarray, eta: float, max_cg: int,
+                  deadline: float | None) -> tuple[np.ndarray, int]:
+        return self.joint_direction(p, nu, grad, eta, max_cg, deadline)
+
+    def to_boundary(self, p: JointPoint, step: np.ndarray) -> float:
+        du, dL = step[: self.n], self.blocks(step[self.n:].reshape(self.b, -1))
+        shrink = du < 0
+        to_u = float((-p.u[shrink] / du[shrink]).min()) if shrink.any() else math.inf
+        return min(to_u, self.step_to_boundary(p.L, dL))
+
+    def move(self, p: JointPoint, step: np.ndarray, alpha: float) -> JointPoint | None:
+        u = p.u + alpha * step[: self.n]
+        return self.evaluate_joint(u / u.sum(), p.L + alpha * self.blocks(step[self.n:].reshape(self.b, -1)))
+
+    def uniform_value(self, p: JointPoint, c_max: float) -> float:
+        """The largest variance of X(u, Lambda) / c_max: c_max max_t tau_t / u_t."""
+        return c_max * float(p.var.max())
+
+    def rescaled_value(self, p: JointPoint, c: np.ndarray) -> float:
+        return max_variance(self, self.strategy_factor(p, c))
+
+    def value(self, X: np.ndarray) -> tuple[float, dict[str, np.ndarray]]:
+        """The largest variance of the strategy returned and every step's variance (Cholesky)."""
+        variances = step_variances(self, X)
+        return float(variances.max()), {"variances": variances}
+
+    def bound_factor(self, p: JointPoint) -> np.ndarray:
+        return self.factor(p.u)
+
     def joint_gradient(self, p: JointPoint, nu: float) -> np.ndarray:
         """grad psi_nu as one vector: (Var + nu / u projected on sum(du) = 0, the Lambda coordinates)."""
         gu = p.var + (nu / p.u if nu > 0 else 0.0)
@@ -153,8 +183,9 @@ class JointDual(ParticipationDual):
         return np.concatenate([gu - gu.mean(), gL.ravel()])
 
     def joint_direction(self, p: JointPoint, nu: float, grad: np.ndarray, eta: float, max_cg: int,
-                        deadline: float | None) -> tuple[np.ndarray, np.ndarray, int]:
-        """Newton-CG direction (du, E) for psi_nu on the tangent space (module docstring); returns (du, E blocks, CG steps)."""
+                        deadline: float | None) -> tuple[np.ndarray, int]:
+        """Newton-CG direction (du, E) for psi_nu on the tangent space (module docstring): one vector (du, then E's
+        coordinates) and the CG steps."""
         n, b, k = self.n, self.b, self.k
         m = self.basis.shape[0]
         s, U, Z, u = p.s, p.U, p.Z, p.u
@@ -200,9 +231,7 @@ class JointDual(ParticipationDual):
             return np.concatenate([zu, np.einsum("bij,bj->bi", H_inv, vL).ravel()])
 
         h_diag = np.concatenate([hu, np.einsum("bii->bi", H).ravel()])
-        x, used = pcg(hess, h_diag, grad, eta, max_cg, deadline=deadline, inverse=inverse)
-        du, vL = split(x)
-        return du, self.blocks(vL), used
+        return pcg(hess, h_diag, grad, eta, max_cg, deadline=deadline, inverse=inverse)
 
 
 def solve_participation_max(
@@ -242,145 +271,21 @@ def solve_participation_max(
         raise ValueError("workload A must not be zero")
     dual = JointDual(A / math.sqrt(scale), P)
     callback = unscaled_callback(callback, scale)
-    out = _ascend(dual, tol=tol, max_iter=max_iter, forcing=forcing, max_cg=max_cg, callback=callback,
-                  time_limit=time_limit, t_start=t_wall)
-    return _result(dual, out, tol, scale, t_wall, t_cpu)
+    out = ascend(dual, tol=tol, max_iter=max_iter, forcing=forcing, max_cg=max_cg, callback=callback,
+                 time_limit=time_limit, t_start=t_wall)
+    return finish(dual, out, tol, scale, t_wall, t_cpu, "participation joint dual")
 
 
-@dataclass
-class _Candidate:
-    point: JointPoint
-    c: np.ndarray
-    fun: float
-    construction: str
-
-
-@dataclass
-class _Ascent:
-    best_dual: JointPoint
-    candidate: _Candidate
-    status: str
-    message: str
-    nit: int
-    cg_steps: int
-    history: list[dict[str, float]]
-
-
-def max_variance(dual: JointDual, Y: np.ndarray) -> float:
-    """max_t (A X^{-1} A^T)_tt for X = Y^T Y (pattern order) by a Cholesky factorisation; inf if X is singular."""
-    X = Y.T @ Y
+def step_variances(dual: JointDual, X: np.ndarray) -> np.ndarray:
+    """(A X^{-1} A^T)_tt for every step t (X in pattern order) by a Cholesky factorisation; inf if X is singular."""
     try:
         L = sla.cholesky((X + X.T) / 2.0, lower=True, check_finite=False)
     except np.linalg.LinAlgError:
-        return math.inf
+        return np.full(dual.n, math.inf)
     W = sla.solve_triangular(L, dual.V.T, lower=True, check_finite=False)
-    return float(np.einsum("ij,ij->j", W, W).max())
+    return np.einsum("ij,ij->j", W, W)
 
 
-def _ascend(dual: JointDual, *, tol: float, max_iter: int, forcing: float, max_cg: int,
-            callback: Callable[[dict[str, Any]], bool | None] | None, time_limit: float | None,
-            t_start: float) -> _Ascent:
-    """Newton-CG on the joint barrier objective (module docstring), stopping at relative gap <= tol."""
-    n = dual.n
-    u = np.full(n, 1.0 / n)
-    point = dual.evaluate_joint(u, _start(dual) / n)
-    if point is None:
-        raise ValueError("the joint dual is not differentiable at the start: A must have full rank")
-    best_dual_value, best_dual = 0.0, point
-    candidate: _Candidate | None = None
-    nu, alpha, cg_steps = 0.0, 0.0, 0
-    history: list[dict[str, float]] = []
-    status, message, nit = MAX_ITER, f"reached max_iter = {max_iter}", 0
-    lap = lap_timer()
-    for nit in range(max_iter + 1):
-        last = lap()
-        m = point.mass
-        point = point.rescaled((point.phi + math.sqrt(point.phi**2 + 4.0 * m * nu * n)) / (2.0 * m))
-        value = point.phi**2 / point.mass
-        if value > best_dual_value:
-            best_dual_value, best_dual = value, point
-        c = pattern_sensitivity(point.Xb).upper
-        uniform = float(c.max()) * float(point.var.max())
-        if candidate is None or uniform < candidate.fun:
-            candidate = _Candidate(point, np.full(dual.b, float(c.max())), uniform, "uniform scaling")
-        if relative_gap(uniform, best_dual_value) <= _RESCALE_BELOW:
-            fun = max_variance(dual, dual.strategy_factor(point, c))
-            if fun < candidate.fun:
-                candidate = _Candidate(point, c, fun, "pattern rescaling")
-        gap = relative_gap(candidate.fun, best_dual_value)
-        history.append({"nit": nit, "primal": candidate.fun, "dual": best_dual_value, "gap": gap, "nu": nu,
-                        "alpha": alpha, "cg": cg_steps})
-        report = {"nit": nit, "fun": candidate.fun, "dual_bound": best_dual_value, "gap": gap, "nu": nu}
-        stop = stop_rule(callback is not None and bool(callback(report)), gap, tol, nit, max_iter,
-                         time.perf_counter() - t_start + last, time_limit)
-        if stop is not None:
-            status, message = stop
-            break
-        sigma = _NU_FULL_STEP if alpha >= 1.0 else _NU_GAP_FRACTION
-        target = sigma * (candidate.fun - best_dual_value) / n
-        nu = target if nit == 0 else min(nu, target)
-        grad = dual.joint_gradient(point, nu)
-        deadline = None if time_limit is None else t_start + time_limit
-        du, dL, used = dual.joint_direction(point, nu, grad, min(forcing, math.sqrt(max(gap, 0.0))), max_cg, deadline)
-        cg_steps += used
-        slope = float(np.vdot(grad, np.concatenate([du, dual.coords(dL).ravel()])))
-        shrink = du < 0
-        to_u = float((-point.u[shrink] / du[shrink]).min()) if shrink.any() else math.inf
-        alpha = min(1.0, _TO_BOUNDARY * min(to_u, dual.step_to_boundary(point.L, dL)))
-        base, grad_norm = point.psi(nu), float(np.abs(grad).max())
-        trial = None
-        for _ in range(_MAX_BACKTRACK if alpha > 0.0 else 0):
-            u_new = point.u + alpha * du
-            trial = dual.evaluate_joint(u_new / u_new.sum(), point.L + alpha * dL)
-            if trial is not None:
-                value = trial.psi(nu)
-                if value >= base + _ARMIJO * alpha * slope:
-                    break
-                if value >= base - _G_NOISE * abs(base) and float(
-                        np.abs(dual.joint_gradient(trial, nu)).max()) <= 0.5 * grad_norm:
-                    break
-            trial = None
-            alpha *= 0.5
-        if trial is None:
-            status, message = STALLED, f"line search failed at gap {gap:.2e} (numerical floor)"
-            break
-        point = trial
-    return _Ascent(best_dual, candidate, status, message, nit, cg_steps, history)
-
-
-def _result(dual: JointDual, out: _Ascent, tol: float, scale: float, t_wall: float, t_cpu: float) -> SolverResult:
-    """The candidate scaled to a certified sensitivity <= 1, its largest variance recomputed, the dual bound certified at
-    the best joint point; values in A's units, X in the steps' own order."""
-    n, k = dual.n, dual.k
-    Y = dual.strategy_factor(out.candidate.point, out.candidate.c)
-    X = Y.T @ Y
-    del Y
-    X = (X + X.T) / 2.0
-    for _ in range(3):
-        sens = pattern_sensitivity(_pattern_blocks(X, dual.b, k))
-        if sens.value <= 1.0:
-            break
-        X /= sens.value * (1.0 + 4.0 * np.finfo(float).eps)
-    try:
-        L = sla.cholesky(X, lower=True, check_finite=False)
-        W = sla.solve_triangular(L, dual.V.T, lower=True, check_finite=False)
-        variances = np.einsum("ij,ij->j", W, W)
-        fun = float(variances.max())
-    except np.linalg.LinAlgError:
-        variances, fun = np.full(n, np.inf), math.inf
-    best = out.best_dual
-    bound, how = dual.certified_bound(best, fun, tol, V=dual.factor(best.u))
-    inverse = np.argsort(dual.order)
-    X = X[np.ix_(inverse, inverse)]
-    gap = relative_gap(fun, bound)
-    status, message = certified_status(out.status, out.message, gap, tol)
-    for record in out.history:
-        record["primal"] *= scale
-        record["dual"] *= scale
-    extra = {"method": "participation joint dual", "u": best.u, "Lambda": best.L * scale, "variances": variances * scale,
-             "sensitivity": sens.value, "sensitivity_y": sens.y, "construction": out.candidate.construction,
-             "certificate": how, "patterns": dual.order.reshape(dual.b, k),
-             "decompositions": {"eigh": dual.n_eigh, "svd": dual.n_svd}, "cg_steps": out.cg_steps,
-             "history": out.history}
-    return SolverResult.since(t_wall, t_cpu, x=X, fun=fun * scale, status=status, message=message, nit=out.nit,
-                              ninner=out.cg_steps, dual_bound=bound * scale, gap=gap, extra=extra)
+def max_variance(dual: JointDual, Y: np.ndarray) -> float:
+    """max_t (A X^{-1} A^T)_tt for X = Y^T Y (pattern order); inf if X is singular."""
+    return float(step_variances(dual, Y.T @ Y).max())
