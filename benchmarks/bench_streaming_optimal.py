@@ -158,7 +158,8 @@ def write(df: pd.DataFrame, stem: str, command: str) -> None:
     lines = [
         "# Certified optimum over every factorization: prefix sums, k epochs (benchmarks/bench_streaming_optimal.py)",
         "",
-        f"Command: `{command}` (rows of earlier invocations kept with --append). Prefix sums A (n x n), k epochs of "
+        f"Last command: `{command}`; rows of earlier invocations are kept with --append, and every row's own command is in "
+        f"the CSV (column `command`). Prefix sums A (n x n), k epochs of "
         "b = n / k steps; mean loss tr(A^T A X^{-1}) / n or max loss max_t (A X^{-1} A^T)_tt at a certified "
         "sensitivity <= 1; loss = the returned strategy's value, lower = the certified lower bound over every "
         "factorization, gap = (loss - lower) / loss. k = 1 runs today's solvers unchanged (solve_convex_dp, "
@@ -186,25 +187,33 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quick", action="store_true", help="n = 256 only, one run each")
     ap.add_argument("--append", action="store_true", help="keep the committed rows this invocation does not measure")
     ap.add_argument("--out", default=STEM)
+    ap.add_argument("--merge", default=None, help="comma-separated CSV files of earlier invocations (other --out) whose "
+                    "rows join the table, each with its own command; with no rows to measure, only merges")
     args = ap.parse_args(argv)
     if args.child:
         _exec_with_threads(args.threads, argv)
         objective, n, k, tol = args.child
         print(json.dumps(child(objective, int(n), int(k), float(tol), args.threads)))
         return
-    if args.quick:
+    if args.merge and not args.only and not args.quick:
+        rows = ()
+    elif args.quick:
         rows, args.repeats = QUICK_ROWS, 1
     elif args.only:
         rows = tuple((o, int(n), int(k)) for o, n, k in (item.split(":") for item in args.only.split(",")))
     else:
         rows = {"targets": TARGET_ROWS, "cpu": CPU_ROWS, "all": TARGET_ROWS + CPU_ROWS}[args.rows]
-    measured = pd.DataFrame([measure(o, n, k, args.tol, args.threads, args.budget, args.repeats) for o, n, k in rows])
+    command = ".venv/bin/python -m benchmarks.bench_streaming_optimal " + " ".join(argv)
+    measured = pd.DataFrame([measure(o, n, k, args.tol, args.threads, args.budget, args.repeats) for o, n, k in rows],
+                            columns=None if rows else KEY)
+    measured["command"] = command
+    earlier = [pd.read_csv(f) for f in (args.merge.split(",") if args.merge else [])]
     path = RESULTS / f"{args.out}.csv"
     if args.append and path.exists():
-        old = pd.read_csv(path)
+        earlier.insert(0, pd.read_csv(path))
+    for old in earlier:  # a row measured later replaces one of the same key
         keep = ~old.set_index(KEY).index.isin(measured.set_index(KEY).index)
         measured = pd.concat([old[keep], measured], ignore_index=True)
-    command = ".venv/bin/python -m benchmarks.bench_streaming_optimal " + " ".join(argv)
     write(measured, args.out, command)
 
 
