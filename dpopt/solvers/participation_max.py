@@ -203,7 +203,12 @@ class JointDual(ParticipationDual):
         H_inv = _positive_inverse(H)
         E, w = cauchy_expansion(sh)  # c = sum_q w_q e_q e_q^T / top
         Pq = (U * U * s[None, :]) @ E.T  # (n, q)
-        hu = (Pq * Pq) @ w / top / (u * u) + (nu / (u * u) if nu > 0 else 0.0)
+        # the u barrier's curvature in primal-dual scaling: z_t / u_t with the slack z_t = max_s Var_s - Var_t of the
+        # weight's constraint where that exceeds nu / u_t^2 (a weight headed for zero is damped, not overshot). Measured
+        # on prefix sums, k = 16, tol 1e-6, one thread: n = 512 in 168 CG steps and 7.9 CPU s against 222 and 9.2 s with
+        # nu / u^2 alone; n = 1024 in 127 against 145 CG steps (26 and 22 Newton steps, 42 CPU s either way).
+        barrier_u = np.maximum(nu / (u * u), (float(p.var.max()) - p.var) / u)
+        hu = (Pq * Pq) @ w / top / (u * u) + barrier_u
         hu = np.maximum(hu, np.finfo(float).eps * float(hu.max()))
 
         def split(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -219,8 +224,8 @@ class JointDual(ParticipationDual):
             N = c * (Ah - Q / ss)
             ou = (0.5 * a * p.tau - np.einsum("ta,ta->t", U @ M, U)) / u
             oL = -block_diagonal(Z3, (N @ Z).reshape(n, b, k))
+            ou += barrier_u * du
             if Li is not None:
-                ou += nu * du / (u * u)
                 oL += nu * np.matmul(np.matmul(Li, dL), Li)
             return np.concatenate([ou - ou.mean(), self.coords(oL).ravel()])
 
