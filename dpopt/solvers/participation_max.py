@@ -25,10 +25,13 @@ diag(a) R E R^T + R E R^T diag(a), phi'' = tr(T^{-1/2} T'') / 2 - sum_ab (U^T T'
 
 so a Hessian product is four n x n products: Ah, Q, then diag(U M U^T) with M = c o (Ah o (s_a - s_b)^2 / 4 + Q)
 and the blocks of Z^T N Z with N = c o (Ah - Q / (s_a s_b)). Newton-CG runs on the tangent space of the simplex with
-log barriers nu (sum_t log u_t + sum_pi log det Lambda_pi), as `participation_dual` does for Lambda alone: at a
-maximiser, Var_t = lambda - nu / u_t <= lambda and X(u, Lambda) has sensitivity <= 1, so the gap is 2 nu n. The
-preconditioner is `participation_dual`'s for Lambda and the exact diagonal in u, sum_ab (U_ta^2 s_a)(U_tb^2 s_b) c_ab
-/ u_t^2 (its Cauchy kernel by the same sinc expansion), the coupling between u and Lambda left out.
+log barriers nu (sum_t log u_t + sum_pi log det Lambda_pi), as `participation_dual` does for Lambda alone (the same
+`participation_dual.ascend`): at a maximiser, Var_t = lambda - nu / u_t <= lambda and X(u, Lambda) has sensitivity
+<= 1, so the gap is 2 nu n. The weights' barrier curvature is taken in primal-dual scaling, max(nu / u_t^2, z_t / u_t)
+with the slack z_t = max_s Var_s - Var_t, so that a weight headed for zero (a step whose variance stays below the
+largest at the optimum) is damped rather than cut at the boundary. The preconditioner is `participation_dual`'s for
+Lambda and the exact diagonal in u, sum_ab (U_ta^2 s_a)(U_tb^2 s_b) c_ab / u_t^2 (its Cauchy kernel by the same sinc
+expansion) plus that curvature, the coupling between u and Lambda left out.
 
 Primal point (upper bound): X(u, Lambda) scaled by its certified pattern sensitivities (uniformly, or per pattern
 as in `participation_dual`), its largest variance from a Cholesky factorisation. The returned X is certified
