@@ -22,13 +22,7 @@ import numpy as np
 from dpopt.solvers.participation_dual import solve_participation
 from dpopt.solvers.participation_max import solve_participation_max
 from dpopt.solvers.result import relative_gap
-from dpopt.streaming.base import (
-    Factorization,
-    check_objective,
-    check_participation,
-    dense_losses,
-    streaming_workload,
-)
+from dpopt.streaming.base import Factorization, dense_losses, prepare
 from dpopt.streaming.causal import causal_factor
 from dpopt.streaming.participation import Participation
 from dpopt.workloads import Workload
@@ -55,9 +49,7 @@ def optimise(
     sensitivity are recomputed from its C; status is the solver's (converged when the certified gap met tol).
     """
     t0 = time.perf_counter()
-    W = streaming_workload(A)
-    p = check_participation(participation, W.n)
-    check_objective(objective)
+    W, p = prepare(A, participation, objective)
     n = p.n
     if n > MAX_OPTIMAL_STEPS:
         raise ValueError(f"the optimal family solves a dense n x n problem, n <= {MAX_OPTIMAL_STEPS} "
