@@ -150,7 +150,8 @@ def write(df: pd.DataFrame, stem: str, command: str) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     df.to_csv(RESULTS / f"{stem}.csv", index=False)
     formats = {"gap": "{:.1e}", "loss": "{:.8g}", "lower": "{:.8g}", "wall_s": "{:.1f}", "cpu_s": "{:.1f}",
-               "peak_mb": "{:.0f}", "load": "{:.1f}", "cg": "{:.0f}"}
+               "peak_mb": "{:.0f}", "load": "{:.1f}", "cg": "{:.0f}", "nit": "{:.0f}", "eigh": "{:.0f}", "svd": "{:.0f}",
+               "runs": "{:.0f}"}
     shown = df.reindex(columns=COLUMNS).astype(object)
     for column, spec in formats.items():
         shown[column] = [spec.format(float(v)) if pd.notna(v) else v for v in shown[column]]
