@@ -18,13 +18,16 @@ class LbfgsMonitor:
 
     scipy calls it with the OptimizeResult of each iteration (new-style callback, parameter named
     `intermediate_result`); raising StopIteration ends minimize() with the current iterate.
-    deadline: a `time.perf_counter()` value or None; offset: iterations of earlier runs (for progress).
+    deadline: a `time.perf_counter()` value or None; offset: iterations of earlier runs (for progress); progress
+    gets {"iteration", "stage", "loss"}, loss being the best value so far times `scale` (the optimiser's units back
+    in the caller's).
     """
 
     def __init__(self, x0: np.ndarray, deadline: float | None, progress: Callable[[dict[str, Any]], None] | None,
-                 stage: str, offset: int = 0) -> None:
+                 stage: str, offset: int = 0, scale: float = 1.0) -> None:
         self.best_fun, self.best_x = math.inf, np.asarray(x0, dtype=float)
         self.deadline, self.progress, self.stage, self.offset = deadline, progress, stage, offset
+        self.scale = scale
         self.iterations, self.stopped = 0, False
 
     def __call__(self, intermediate_result: Any) -> None:
@@ -32,7 +35,8 @@ class LbfgsMonitor:
         if intermediate_result.fun < self.best_fun:
             self.best_fun, self.best_x = float(intermediate_result.fun), np.array(intermediate_result.x)
         if self.progress is not None:
-            self.progress({"iteration": self.offset + self.iterations, "stage": self.stage})
+            self.progress({"iteration": self.offset + self.iterations, "stage": self.stage,
+                           "loss": self.best_fun * self.scale})
         if self.deadline is not None and time.perf_counter() >= self.deadline:
             self.stopped = True
             raise StopIteration
