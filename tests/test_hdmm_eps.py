@@ -105,3 +105,14 @@ def test_hdmm_reports_its_row_where_allrange_rows_cannot_be_listed(privacy):
     rec = make_mechanism("hdmm").fit(W, privacy, time_limit=1e-9).record()
     assert math.isfinite(rec["expected_total_error"]) and rec["expected_total_error"] > 0
     assert rec["status"].startswith(TIME_LIMIT) and rec["bound_kind"] == "svd"
+
+
+def test_records_name_their_bound():
+    W = Prefix(16)
+    svdb = PURE.variance_factor * W.svd_bound()
+    for name in ("wavelet", "hdmm"):
+        rec = make_mechanism(name).fit(W, PURE).record()
+        # both are P times the one SVD bound function of the same workload: the same number
+        assert rec["bound_kind"] == "svd" and rec["bound"] == svdb, name
+    hd = make_mechanism("hdmm").fit(W, PURE)
+    assert hd.record()["certified_bound"] == hd.bound_ >= svdb
