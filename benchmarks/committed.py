@@ -85,8 +85,6 @@ OUTPUTS: tuple[Output, ...] = (
     _bench("orthogonal", ("orthogonal.md", "orthogonal.csv"), 1.0),
     _bench("kronecker", ("kronecker.md", "kronecker.csv"), 0.1),
     _bench("stream_families", ("stream_families.md", "stream_families.csv"), 1.0),
-    _bench("frontier", ("frontier.md", "frontier.csv"), 2.0, "--sizes", "64,256,1024,2048", "--opt0-limit", "240",
-           "--frontier-limit", "360"),
     # Ektelo's columns need an interpreter that imports it (DPOPT_BENCH_PYTHON) and DPOPT_EKTELO_PATH: see
     # benchmarks/dpbench_notes.md; without them the table is regenerated without those columns and says so
     _bench("dpbench", ("dpbench.md", "dpbench.csv"), 8.0, "--jobs", "2", python_var="DPOPT_BENCH_PYTHON"),

@@ -1,4 +1,4 @@
-"""The L-BFGS-B callback the first-order strategy optimisers share (p-Identity, marginal template, L1 strategy)."""
+"""The L-BFGS-B callback the first-order strategy optimisers share (p-Identity, marginal template)."""
 
 from __future__ import annotations
 
