@@ -185,13 +185,15 @@ def laplace_factor(
     the deadline, for the work after it of about that cost. gram_matvec: V -> G V through
     the factor's structure (`Workload.gram_matvec`). Past the deadline: the best iterate, status TIME_LIMIT.
     """
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     baselines = baseline_candidates(G, norm=1)
+    scoring = time.process_time() - c0
     if deadline is not None:
         # what follows the search costs about RESERVE_SCORINGS scorings of one baseline (the identity's is free)
         deadline -= RESERVE_SCORINGS * (time.perf_counter() - t0) / max(1, len(baselines) - 1)
     res = search_pidentity(G, p or default_p(G.shape[0]), seed=seed, rounds=rounds, deadline=deadline,
                            progress=progress, gram_matvec=gram_matvec)
+    res.extra["scoring_cpu_seconds"] = scoring  # before the search: its history's CPU seconds start after it
     return keep_best_factor(pidentity_matrix(res.x), res, G, norm=1, optimiser="p-identity", baselines=baselines)
 
 

@@ -46,8 +46,13 @@ POLISH_FTOL = 1e-10
 # L-BFGS-B's cap on evaluations per run (scipy's maxfun; it also bounds the iterations).
 MAX_EVALUATIONS = 20_000
 # `search_pidentity` stops its rounds once this many in a row improved the best value by less than ROUND_RTOL.
-PATIENCE = 2
+PATIENCE = 3
 ROUND_RTOL = 1e-4
+# Theta uniform on [0, 1] starts its column sums near 1 + p / 2: at p = 16 (HDMM's n = 256) about 9, and at p = 256
+# about 129, so far from the optimum that 40 CPU s of L-BFGS-B on Prefix(4096) end at 1.21e6 where the same run from
+# Theta uniform on [0, 16 / p] ends at 4.25e5 (4.84e5 from [0, 64 / p]), measured at one BLAS thread. `search_pidentity`'s
+# first restart starts there; the others keep HDMM's start.
+HDMM_START_P = 16
 
 
 def pidentity_matrix(Theta: np.ndarray) -> np.ndarray:
@@ -126,13 +131,13 @@ class _Runner:
         return res
 
     def restarts(self, k: int, ftol: float, until: float | None, label: str, max_evaluations: int,
-                 adaptive: bool = False) -> tuple[Any, list[float]]:
+                 adaptive: bool = False, first_scale: float = 1.0) -> tuple[Any, list[float]]:
         """Up to k runs from uniform starts on [0, 1] before `until` (runs past it skipped, the first always made):
         the best run's result and every run's value.
 
         The runs share the time left equally; adaptive: the first run may use all of it, and later runs are
         made only as many as fit at the mean duration of those before (so a budget that one run fills is not
-        cut into runs that each stop before their tolerance).
+        cut into runs that each stop before their tolerance). first_scale multiplies the first run's start.
         """
         top, values, t_start = None, [], time.perf_counter()
         for i in range(k):
@@ -145,7 +150,7 @@ class _Runner:
                     share = deadline_share(until, min(k - i, math.floor(fit)))
             elif adaptive:
                 share = until
-            res = self.run(self.rng.random(self.p * self.n), ftol, f"{label} restart {i + 1}/{k}", share,
+            res = self.run(self.rng.random(self.p * self.n) * (first_scale if i == 0 else 1.0), ftol, f"{label} restart {i + 1}/{k}", share,
                            max_evaluations)
             values.append(res.fun)
             if top is None or res.fun < top.fun:
@@ -233,8 +238,9 @@ def search_pidentity(
     """HDMM OPT_0 first, then improvements on its value until the deadline (OPT_0 as in HDMM Section 5; the rest is not in the paper).
 
     1. OPT_0: `restarts` L-BFGS-B runs from seeded uniform starts at HDMM's tolerance HDMM_FTOL, the best kept
-       (the runs of `optimize_pidentity(..., ftol=HDMM_FTOL)` with this seed); with a deadline, within half of
-       the time left, as many as fit (`_Runner.restarts`, adaptive).
+       (up to p = HDMM_START_P, the runs of `optimize_pidentity(..., ftol=HDMM_FTOL)` with this seed; beyond, the
+       first starts on [0, HDMM_START_P / p], where HDMM's start would leave a budget-bound run far behind);
+       with a deadline, within half of the time left, as many as fit (`_Runner.restarts`, adaptive).
     2. The best Theta polished: L-BFGS-B from it at POLISH_FTOL (a restart gains 0.5-1.5% over its loose stop).
     3. Rounds: `restarts` further loose runs from new starts, the best of them polished and kept when it improves
        on the best so far (converged restarts spread by 1e-3 to 3e-2, so more basins pay), until the deadline,
@@ -274,7 +280,8 @@ def search_pidentity(
         return out if out.fun <= res.fun else res
 
     half = None if deadline is None else time.perf_counter() + (deadline - time.perf_counter()) / 2
-    opt0, _ = runner.restarts(restarts, HDMM_FTOL, half, "OPT_0", MAX_EVALUATIONS, adaptive=True)
+    opt0, _ = runner.restarts(restarts, HDMM_FTOL, half, "OPT_0", MAX_EVALUATIONS, adaptive=True,
+                              first_scale=min(1.0, HDMM_START_P / p))
     best.offer(opt0, "OPT_0")
     done, quiet = 0, 0
     if not _past(deadline):
