@@ -88,6 +88,8 @@ OUTPUTS: tuple[Output, ...] = (
     # Ektelo's columns need an interpreter that imports it (DPOPT_BENCH_PYTHON) and DPOPT_EKTELO_PATH: see
     # benchmarks/dpbench_notes.md; without them the table is regenerated without those columns and says so
     _bench("dpbench", ("dpbench.md", "dpbench.csv"), 8.0, "--jobs", "2", python_var="DPOPT_BENCH_PYTHON"),
+    _bench("hdmm_opt0", ("hdmm_opt0.md", "hdmm_opt0.csv"), 4.0),
+    _bench("hdmm_ladder", ("hdmm_ladder.md", "hdmm_ladder.csv"), 3.0),
 )
 # Not regenerated here: lrm_paper_scale.md and om_paper_scale.md (and their folders), the papers' figures at
 # full size through `dpopt reproduce ... --full` (days of CPU); their headers give the commands.
