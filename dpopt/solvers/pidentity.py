@@ -48,11 +48,12 @@ MAX_EVALUATIONS = 20_000
 # `search_pidentity` stops its rounds once this many in a row improved the best value by less than ROUND_RTOL.
 PATIENCE = 3
 ROUND_RTOL = 1e-4
-# Theta uniform on [0, 1] starts its column sums near 1 + p / 2: at p = 16 (HDMM's n = 256) about 9, and at p = 256
-# about 129, so far from the optimum that 40 CPU s of L-BFGS-B on Prefix(4096) end at 1.21e6 where the same run from
-# Theta uniform on [0, 16 / p] ends at 4.25e5 (4.84e5 from [0, 64 / p]), measured at one BLAS thread. `search_pidentity`'s
-# first restart starts there; the others keep HDMM's start.
-HDMM_START_P = 16
+# Theta uniform on [0, 1] starts its column sums near 1 + p / 2: at p = 64 (n = 1024) about 33, and at p = 256 about
+# 129, so far from the optimum that 40 CPU s of L-BFGS-B on Prefix(4096) end at 1.21e6 where the same run from Theta
+# uniform on [0, 64 / p] ends at 4.84e5 (4.25e5 from [0, 16 / p]), measured at one BLAS thread. At p = 64 the narrower
+# start is no help (its loose stops are 1-2% higher on Width32(1024)). `search_pidentity`'s first restart starts on
+# [0, min(1, HDMM_START_P / p)]; the others keep HDMM's start.
+HDMM_START_P = 64
 
 
 def pidentity_matrix(Theta: np.ndarray) -> np.ndarray:
@@ -238,8 +239,8 @@ def search_pidentity(
     """HDMM OPT_0 first, then improvements on its value until the deadline (OPT_0 as in HDMM Section 5; the rest is not in the paper).
 
     1. OPT_0: `restarts` L-BFGS-B runs from seeded uniform starts at HDMM's tolerance HDMM_FTOL, the best kept
-       (up to p = HDMM_START_P, the runs of `optimize_pidentity(..., ftol=HDMM_FTOL)` with this seed; beyond, the
-       first starts on [0, HDMM_START_P / p], where HDMM's start would leave a budget-bound run far behind);
+       (up to p = HDMM_START_P, n = 1024, the runs of `optimize_pidentity(..., ftol=HDMM_FTOL)` with this seed;
+       beyond, the first starts on [0, HDMM_START_P / p], where HDMM's start leaves a budget-bound run far behind);
        with a deadline, within half of the time left, as many as fit (`_Runner.restarts`, adaptive).
     2. The best Theta polished: L-BFGS-B from it at POLISH_FTOL (a restart gains 0.5-1.5% over its loose stop).
     3. Rounds: `restarts` further loose runs from new starts, the best of them polished and kept when it improves
