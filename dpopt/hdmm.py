@@ -144,21 +144,19 @@ def baseline_candidates(G: np.ndarray, norm: int) -> Candidates:
 
 
 def keep_best_factor(
-    A: np.ndarray, res: SolverResult, G: np.ndarray, norm: int, optimiser: str,
-    baselines: Candidates | None = None, error: float | None = None,
+    A: np.ndarray, res: SolverResult, G: np.ndarray, norm: int, optimiser: str, baselines: Candidates | None = None,
 ) -> tuple[np.ndarray, SolverResult]:
     """The optimiser's factor A or a baseline of its family, whichever has the least error (ties: A).
 
     The Kronecker error factorises over the factors (module doc), so keeping the least per-factor error
     keeps the least product over every combination of candidates: the product strategy is never worse
     than identity, hierarchical or wavelet per factor. baselines: `baseline_candidates(G, norm)` when the
-    caller has them already; error: A's unit error when the optimiser computed it. Returns the kept factor
-    dense (the block descent forms its Gram) and res; res.extra gets
-    "candidates" (unit errors), "kept" and "factor_strategy" (the kept factor as a Strategy, with what scoring
-    it computed, for `KronMatrix`); a certificate in res stays valid, since it bounds every strategy.
+    caller has them already. Returns the kept factor dense (the block descent forms its Gram) and res; res.extra
+    gets "candidates" (unit errors), "kept" and "factor_strategy" (the kept factor as a Strategy, with what its
+    scoring computed, for `KronMatrix`); a certificate in res stays valid, since it bounds every strategy.
     """
     own = Strategy(A, name=optimiser)
-    cands = {optimiser: (own, factor_unit_error(own, G, norm) if error is None else error),
+    cands = {optimiser: (own, factor_unit_error(own, G, norm)),
              **(baseline_candidates(G, norm) if baselines is None else baselines)}
     errors = {name: err for name, (_, err) in cands.items()}
     kept = min(errors, key=lambda k: (errors[k], k != optimiser))
