@@ -82,8 +82,8 @@ def calibration_problem(privacy: Privacy) -> str | None:
 
 # Wall-clock seconds each mechanism's strategy selection may take in `dpopt compare` (--time-limit).
 # At n = 256 every mechanism but LRM and the Appendix B solver finishes well inside it, so a default
-# comparison takes about two of these budgets plus a few seconds. hdmm has no time limit of its own
-# (it took 210 s on prefix:1024 under eps-DP on a loaded 2-core machine).
+# comparison takes about two of these budgets plus a few seconds. Under eps-DP hdmm improves on HDMM's OPT_0
+# until this limit or until its rounds of restarts stop gaining (`dpopt.solvers.pidentity.search_pidentity`).
 DEFAULT_TIME_LIMIT = 60.0
 # Size of the eigendecomposition timed to calibrate the cost model (`estimated_fixed_seconds`); larger
 # domains are scaled by (n / PROBE_CELLS)^3.
