@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from benchmarks.child import run_module
+from benchmarks.child import checkout_commit, run_module
 from benchmarks.tables import pipe_table
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -85,6 +85,7 @@ def write(rows: list[dict], args: argparse.Namespace) -> None:
             "after_fit", "status", "compare_wall_s", "compare_cpu_s", "peak_rss_mb", "load"]
     with open(RESULTS / f"{args.out}.md", "w") as f:
         f.write("# The hdmm ladder through `dpopt compare` (benchmarks/bench_hdmm_ladder.py)\n\n")
+        f.write(f"At commit {checkout_commit()}. ")
         f.write(
             f"Mechanisms {args.mechanisms}; compare's default time limit (60 s) per mechanism; eps = 1, and "
             "delta = 1e-6 for eps-delta. Each compare run in its own process at one BLAS thread; wall and CPU "

@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from benchmarks.child import run_module
+from benchmarks.child import checkout_commit, run_module
 from benchmarks.tables import pipe_table
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -104,6 +104,7 @@ def write(rows: list[dict], args: argparse.Namespace) -> None:
     med["reached"] = df.assign(ok=df["reach_ratio"] <= 1.0).groupby(keys, sort=False)["ok"].sum().to_numpy()
     with open(RESULTS / f"{args.out}.md", "w") as f:
         f.write("# eps-DP hdmm against HDMM's OPT_0 (benchmarks/bench_hdmm_opt0.py)\n\n")
+        f.write(f"At commit {checkout_commit()}. ")
         f.write(
             "OPT_0: p = n/16, five L-BFGS-B restarts from Theta uniform on [0, 1], relative-decrease test 1e-4, dense "
             "Gram products (HDMM's own); OPT_0 structured: the same runs through the workload's prefix sums. hdmm: "
