@@ -48,10 +48,14 @@ def test_loss_through_the_structured_gram_equals_the_dense_one():
 @pytest.mark.parametrize("W", [Prefix(64), AllRange(64)], ids=lambda w: w.name)
 def test_search_runs_opt0_first_and_only_improves_on_it(W):
     G, p, seed = W.gram(), 4, 3
-    res = search_pidentity(G, p, seed=seed, rounds=1, gram_matvec=W.gram_matvec)
     opt0 = optimize_pidentity(G, p, restarts=OPT0_RESTARTS, seed=seed, ftol=HDMM_FTOL, gram_matvec=W.gram_matvec)
-    # the same runs from the same starts in the same arithmetic: OPT_0's value exactly
-    assert res.extra["opt0"] == min(opt0.extra["losses"])
+    # with HDMM's own stopping test: the same runs from the same starts in the same arithmetic, OPT_0's value exactly
+    hdmm_test = search_pidentity(G, p, seed=seed, rounds=0, gram_matvec=W.gram_matvec, screen=None)
+    assert hdmm_test.extra["opt0"] == min(opt0.extra["losses"])
+    # with the default test over ten iterations the same runs go on at least as far (a window of steps each gaining
+    # under 1e-4 contains a step that ends HDMM's run), so no run ends higher
+    res = search_pidentity(G, p, seed=seed, rounds=1, gram_matvec=W.gram_matvec)
+    assert res.extra["opt0"] <= min(opt0.extra["losses"])
     assert res.fun <= res.extra["opt0"]
     history = res.extra["history"]
     values = [v for _, v, _ in history]
@@ -62,6 +66,24 @@ def test_search_runs_opt0_first_and_only_improves_on_it(W):
     # the value it reports is the strategy's error as the optimiser evaluated it (Woodbury form, 1e-8 relative
     # at n = 256 per `pidentity_error`'s note); its Cholesky evaluation agrees far inside 1e-6
     assert res.fun == pytest.approx(pidentity_error(res.x, G), rel=1e-6)
+
+
+def test_monitor_ends_a_run_whose_last_k_iterations_gained_less_than_rtol():
+    from types import SimpleNamespace
+
+    from dpopt.solvers.lbfgs import LbfgsMonitor
+
+    mon = LbfgsMonitor(np.zeros(1), None, None, "test", flat=(3, 1e-3))
+    values = [10.0, 9.0, 8.999, 8.998, 8.997, 8.996]  # from 9.0 on, three steps gain 3e-3 in all: 3.3e-4 relative
+    for i, v in enumerate(values):
+        step = SimpleNamespace(fun=v, x=np.full(1, v))
+        if i < 4:
+            mon(step)  # 10 -> 8.998 over three steps gains more than 1e-3 of 8.998: goes on
+        else:
+            with pytest.raises(StopIteration):
+                mon(step)
+            break
+    assert mon.flat and not mon.stopped and mon.best_fun == 8.997
 
 
 def test_search_past_its_deadline_keeps_a_valid_strategy():

@@ -11,10 +11,11 @@ Both need G only through Z = G (D Theta^T) (n x p), since Theta C = Z^T D: one p
 evaluation (O(p n^2) dense, O(p n) through a range workload's prefix sums, `Workload.gram_matvec`), the rest
 O(p^2 n), and no n x n temporary.
 
-`optimize_pidentity` is HDMM's OPT_0: seeded restarts of L-BFGS-B, the best kept. `search_pidentity` runs OPT_0
-at HDMM's own tolerance first and then spends the time left improving on its value (not in the paper: polishing
-the best Theta to a tight tolerance, then further rounds of restarts), so it reaches OPT_0's value as soon as
-OPT_0 would and every later iterate only improves on it.
+`optimize_pidentity` is HDMM's OPT_0: seeded restarts of L-BFGS-B, the best kept. `search_pidentity` runs OPT_0's
+restarts first, each on until ten iterations gain less than HDMM's 1e-4 together (HDMM's test stops at the first flat
+step), and then spends the time left improving on their value (not in the paper: polishing the best Theta to a tight
+tolerance, then further rounds of restarts), so it gets to OPT_0's value about as soon as OPT_0 would, and every
+later iterate only improves on it.
 """
 
 from __future__ import annotations
@@ -54,6 +55,9 @@ ROUND_RTOL = 1e-4
 # start is no help (its loose stops are 1-2% higher on Width32(1024)). `search_pidentity`'s first restart starts on
 # [0, min(1, HDMM_START_P / p)]; the others keep HDMM's start.
 HDMM_START_P = 64
+# `search_pidentity`'s loose runs end when their last 10 iterations gained less than 1e-4 together: HDMM's test
+# (ftol 1e-4 on one iteration) ends a run on its first flat step, often about 1% above where its basin levels off.
+SCREEN_FLAT = (10, 1e-4)
 
 
 def pidentity_matrix(Theta: np.ndarray) -> np.ndarray:
@@ -116,14 +120,16 @@ class _Runner:
         self.matvec = None if gram_matvec is None else (lambda V: gram_matvec(V) / self.scale)
         self.nit, self.runs, self.capped = 0, 0, False
 
-    def run(self, x0: np.ndarray, ftol: float, stage: str, until: float | None, max_evaluations: int) -> Any:
-        """One run from x0 (Theta >= 0): its best iterate (fun in G's units) and status."""
-        monitor = LbfgsMonitor(x0, until, self.progress(stage), stage, self.nit, scale=self.scale)
+    def run(self, x0: np.ndarray, ftol: float, stage: str, until: float | None, max_evaluations: int,
+            flat: tuple[int, float] | None = None) -> Any:
+        """One run from x0 (Theta >= 0): its best iterate (fun in G's units) and status; flat: `LbfgsMonitor`'s
+        test over the last k iterations, a run it ends being converged."""
+        monitor = LbfgsMonitor(x0, until, self.progress(stage), stage, self.nit, scale=self.scale, flat=flat)
         res = minimize_lbfgs(pidentity_loss_and_grad, x0, monitor, args=(self.G, self.p, self.matvec),
                              bounds=[(0.0, None)] * x0.size, maxiter=max_evaluations, maxfun=max_evaluations,
                              ftol=ftol, gtol=1e-10)
         res.fun, res.x = float(res.fun) * self.scale, np.maximum(res.x, 0.0)
-        res.status = lbfgs_status(monitor.stopped, bool(res.success), int(res.nit), max_evaluations)
+        res.status = lbfgs_status(monitor.stopped, bool(res.success) or monitor.flat, int(res.nit), max_evaluations)
         if monitor.stopped:
             res.message = "stopped at the time limit"
         self.nit += int(res.nit)
@@ -132,7 +138,8 @@ class _Runner:
         return res
 
     def restarts(self, k: int, ftol: float, until: float | None, label: str, max_evaluations: int,
-                 adaptive: bool = False, first_scale: float = 1.0) -> tuple[Any, list[float]]:
+                 adaptive: bool = False, first_scale: float = 1.0,
+                 flat: tuple[int, float] | None = None) -> tuple[Any, list[float]]:
         """Up to k runs from uniform starts on [0, 1] before `until` (runs past it skipped, the first always made):
         the best run's result and every run's value.
 
@@ -151,8 +158,8 @@ class _Runner:
                     share = deadline_share(until, min(k - i, math.floor(fit)))
             elif adaptive:
                 share = until
-            res = self.run(self.rng.random(self.p * self.n) * (first_scale if i == 0 else 1.0), ftol, f"{label} restart {i + 1}/{k}", share,
-                           max_evaluations)
+            res = self.run(self.rng.random(self.p * self.n) * (first_scale if i == 0 else 1.0), ftol,
+                           f"{label} restart {i + 1}/{k}", share, max_evaluations, flat)
             values.append(res.fun)
             if top is None or res.fun < top.fun:
                 top = res
@@ -235,15 +242,18 @@ def search_pidentity(
     deadline: float | None = None,
     progress: Progress | None = None,
     gram_matvec: GramMatvec | None = None,
+    screen: tuple[int, float] | None = SCREEN_FLAT,
 ) -> SolverResult:
     """HDMM OPT_0 first, then improvements on its value until the deadline (OPT_0 as in HDMM Section 5; the rest is not in the paper).
 
-    1. OPT_0: `restarts` L-BFGS-B runs from seeded uniform starts at HDMM's tolerance HDMM_FTOL, the best kept
-       (up to p = HDMM_START_P, n = 1024, the runs of `optimize_pidentity(..., ftol=HDMM_FTOL)` with this seed;
-       beyond, the first starts on [0, HDMM_START_P / p], where HDMM's start leaves a budget-bound run far behind);
-       with a deadline, within half of the time left, as many as fit (`_Runner.restarts`, adaptive).
+    1. OPT_0's restarts: `restarts` L-BFGS-B runs from the seeded uniform starts of `optimize_pidentity` (up to
+       p = HDMM_START_P, n = 1024; beyond, the first starts on [0, HDMM_START_P / p], where HDMM's start leaves a
+       budget-bound run far behind), the best kept. screen = (k, rtol) ends a run once its last k iterations gained
+       less than rtol together (SCREEN_FLAT), so each run goes at least as far as under HDMM's one-step test
+       (screen None: that test, ftol HDMM_FTOL, and then these are OPT_0's runs exactly). With a deadline, within
+       half of the time left, as many as fit (`_Runner.restarts`, adaptive).
     2. The best Theta polished: L-BFGS-B from it at POLISH_FTOL (a restart gains 0.5-1.5% over its loose stop).
-    3. Rounds: `restarts` further loose runs from new starts, the best of them polished and kept when it improves
+    3. Rounds: `restarts` further runs from new starts (ended as in 1), the best of them polished and kept when it improves
        on the best so far (converged restarts spread by 1e-3 to 3e-2, so more basins pay), until the deadline,
        `rounds` rounds, or PATIENCE rounds in a row that improved the best value by less than ROUND_RTOL.
     rounds: None means until the deadline or the patience rule; without a deadline, None means one round.
@@ -281,8 +291,9 @@ def search_pidentity(
         return out if out.fun <= res.fun else res
 
     half = None if deadline is None else time.perf_counter() + (deadline - time.perf_counter()) / 2
-    opt0, _ = runner.restarts(restarts, HDMM_FTOL, half, "OPT_0", MAX_EVALUATIONS, adaptive=True,
-                              first_scale=min(1.0, HDMM_START_P / p))
+    loose = HDMM_FTOL if screen is None else POLISH_FTOL  # with a screen test, scipy's one-step test never ends a run
+    opt0, _ = runner.restarts(restarts, loose, half, "OPT_0", MAX_EVALUATIONS, adaptive=True,
+                              first_scale=min(1.0, HDMM_START_P / p), flat=screen)
     best.offer(opt0, "OPT_0")
     done, quiet = 0, 0
     if not _past(deadline):
@@ -290,14 +301,16 @@ def search_pidentity(
         while not _past(deadline) and (rounds is None or done < rounds) and quiet < PATIENCE:
             before = best.fun
             done += 1
-            cand, _ = runner.restarts(restarts, HDMM_FTOL, deadline, f"round {done}", MAX_EVALUATIONS, adaptive=True)
+            cand, _ = runner.restarts(restarts, loose, deadline, f"round {done}", MAX_EVALUATIONS, adaptive=True,
+                                      flat=screen)
             if not _past(deadline):
                 cand = polished(cand, f"round {done} polished")
             best.offer(cand, f"round {done}")
             quiet = quiet + 1 if best.fun > before * (1.0 - ROUND_RTOL) else 0
     Theta = np.asarray(best.x).reshape(p, runner.n)
-    message = (f"OPT_0 ({restarts} restarts at ftol {HDMM_FTOL:g}) {opt0.fun:.6g}, polished, then {done} round(s) "
-               f"of {restarts} restarts: best {best.fun:.6g}" + (" (time limit reached)" if runner.capped else ""))
+    test = f"ftol {HDMM_FTOL:g}" if screen is None else f"under {screen[1]:g} gained over {screen[0]} iterations"
+    message = (f"OPT_0's {restarts} restarts ({test}) {opt0.fun:.6g}, polished, then {done} round(s) of {restarts} "
+               f"restarts: best {best.fun:.6g}" + (" (time limit reached)" if runner.capped else ""))
     return SolverResult.since(t0, c0, x=Theta, fun=best.fun, status=TIME_LIMIT if runner.capped else best.status,
                               message=message, nit=runner.nit,
                               extra={"opt0": opt0.fun, "history": best.history, "rounds": done})
