@@ -78,3 +78,13 @@ def run_module(module: str, args: list[str], budget: float, mem_limit_bytes: int
         out, err = proc.communicate()
         code = None
     return ChildRun(code, out or "", err or "", time.perf_counter() - t0, _children_cpu() - cpu0)
+
+
+def checkout_commit() -> str:
+    """The checkout's commit (short hash), for a table's header; "unknown" outside a git checkout."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT,
+                             check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return out.stdout.strip()

@@ -85,17 +85,17 @@ OUTPUTS: tuple[Output, ...] = (
     _bench("orthogonal", ("orthogonal.md", "orthogonal.csv"), 1.0),
     _bench("kronecker", ("kronecker.md", "kronecker.csv"), 0.1),
     _bench("stream_families", ("stream_families.md", "stream_families.csv"), 1.0),
-    _bench("frontier", ("frontier.md", "frontier.csv"), 2.0, "--sizes", "64,256,1024,2048", "--opt0-limit", "240",
-           "--frontier-limit", "360"),
     # Ektelo's columns need an interpreter that imports it (DPOPT_BENCH_PYTHON) and DPOPT_EKTELO_PATH: see
     # benchmarks/dpbench_notes.md; without them the table is regenerated without those columns and says so
     _bench("dpbench", ("dpbench.md", "dpbench.csv"), 8.0, "--jobs", "2", python_var="DPOPT_BENCH_PYTHON"),
-    # the issue 38 targets at two BLAS threads, then the CPU rows at one thread into the same table (--append)
+    # the solver targets at two BLAS threads, then the CPU rows at one thread into the same table (--append)
     _bench("streaming_optimal", ("streaming_optimal.md", "streaming_optimal.csv"), 6.0,
            "--rows", "targets", "--threads", "2", "--repeats", "3", "--budget", "3600"),
     _bench("streaming_optimal_cpu", ("streaming_optimal.md", "streaming_optimal.csv"), 4.0,
            "--rows", "cpu", "--threads", "1", "--repeats", "3", "--budget", "3600", "--append",
            module="streaming_optimal"),
+    _bench("hdmm_opt0", ("hdmm_opt0.md", "hdmm_opt0.csv"), 4.0),
+    _bench("hdmm_ladder", ("hdmm_ladder.md", "hdmm_ladder.csv"), 3.0),
 )
 # Not regenerated here: lrm_paper_scale.md and om_paper_scale.md (and their folders), the papers' figures at
 # full size through `dpopt reproduce ... --full` (days of CPU); their headers give the commands.

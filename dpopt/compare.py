@@ -82,8 +82,8 @@ def calibration_problem(privacy: Privacy) -> str | None:
 
 # Wall-clock seconds each mechanism's strategy selection may take in `dpopt compare` (--time-limit).
 # At n = 256 every mechanism but LRM and the Appendix B solver finishes well inside it, so a default
-# comparison takes about two of these budgets plus a few seconds. hdmm has no time limit of its own
-# (it took 210 s on prefix:1024 under eps-DP on a loaded 2-core machine).
+# comparison takes about two of these budgets plus a few seconds. Under eps-DP hdmm improves on HDMM's OPT_0
+# until this limit or until its rounds of restarts stop gaining (`dpopt.solvers.pidentity.search_pidentity`).
 DEFAULT_TIME_LIMIT = 60.0
 # Size of the eigendecomposition timed to calibrate the cost model (`estimated_fixed_seconds`); larger
 # domains are scaled by (n / PROBE_CELLS)^3.
@@ -498,10 +498,17 @@ def format_table(df: pd.DataFrame, fmt: str) -> str:
 TABLE_STATUS_CHARS = 80
 
 
-def _aligned(view: pd.DataFrame) -> str:
-    """The aligned text table: numbers at their display precision, long statuses cut to TABLE_STATUS_CHARS."""
+# A skipped row's status in the aligned table: its reason was printed in full on the row's own line.
+SKIPPED_IN_TABLE = "skipped (reason above)"
+
+
+def _aligned(view: pd.DataFrame, reasons_above: bool = False) -> str:
+    """The aligned text table: numbers at their display precision, long statuses cut to TABLE_STATUS_CHARS;
+    reasons_above: each skipped row's reason was printed on its own line (`row_line`), so the table does not repeat it."""
     view = view.copy()
     status = view["status"].astype(str)
+    if reasons_above:
+        status = status.where(~status.str.startswith("skipped:"), SKIPPED_IN_TABLE)
     long = status.str.len() > TABLE_STATUS_CHARS
     view["status"] = status.where(~long, status.str.slice(0, TABLE_STATUS_CHARS - 3) + "...")
     return view.to_string(
@@ -545,7 +552,8 @@ def table_header(workload: Workload, privacy: Privacy, time_limit: float | None)
 
 
 def table_footer(df: pd.DataFrame, interrupted: Sequence[str] = ()) -> str:
-    """The winner (least expected total error), then what was cut short, skipped or interrupted."""
+    """The winner (least expected total error), then what was cut short, skipped (named only: each reason is on the
+    row's own line) or interrupted."""
     lines = []
     done = df[df["expected_total_error"].notna()]
     if len(done):
@@ -566,8 +574,9 @@ def table_footer(df: pd.DataFrame, interrupted: Sequence[str] = ()) -> str:
             gap = row.get("gap")
             parts.append(f"{row['mechanism']}" + (f" (certified gap {gap:.2g})" if _finite(gap) else ""))
         lines.append("cut short at the time limit (valid strategy, not certified optimal): " + ", ".join(parts))
-    for _, row in df[status.str.contains("skipped:", regex=False)].iterrows():
-        lines.append(f"skipped {row['mechanism']}: {str(row['status']).partition('skipped: ')[2]}")
+    skipped = df[status.str.startswith("skipped:")]["mechanism"].astype(str).tolist()
+    if skipped:  # each reason was printed once, on the row's own line
+        lines.append(f"skipped (reasons above): {', '.join(skipped)}")
     if "note" in df:
         notes: dict[str, list[str]] = {}
         for name, note in zip(df["mechanism"], df["note"], strict=True):
@@ -669,7 +678,7 @@ def main_compare(workload: Workload, privacy: Privacy, mechanisms: Sequence[str]
         print(f"dpopt: interrupted; printing the {len(df)} finished row(s); not finished: "
               f"{', '.join(interrupted)}", file=sys.stderr)
     if fmt == "table":
-        body = _aligned(df[shown_columns(df)]) if len(df) else "(no mechanism finished)"
+        body = _aligned(df[shown_columns(df)], reasons_above=True) if len(df) else "(no mechanism finished)"
         print(f"\n{body}\n\n{table_footer(df, interrupted)}", file=out, flush=True)
     else:
         print(format_table(df, fmt), file=out, flush=True)

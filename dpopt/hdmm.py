@@ -28,6 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
 
 from dpopt.baselines import hierarchical_strategy, wavelet_strategy
 from dpopt.kron_strategy import SUPPORT_RTOL, KronMatrix
@@ -35,9 +36,9 @@ from dpopt.linalg import psd_pinv
 from dpopt.privacy import Privacy
 from dpopt.solvers.convex_dp import solve_convex_dp
 from dpopt.solvers.marginal_opt import optimize_marginals_laplace, residual_planner
-from dpopt.solvers.pidentity import optimize_pidentity, pidentity_matrix
+from dpopt.solvers.pidentity import pidentity_matrix, search_pidentity
 from dpopt.solvers.result import CONVERGED, MIN_SOLVER_SECONDS, TIME_LIMIT, Selection, SolverResult
-from dpopt.strategy import Strategy
+from dpopt.strategy import RANK_RTOL, Strategy
 from dpopt.union_strategy import UnionKronMatrix
 from dpopt.workloads import (
     GramWorkload,
@@ -45,6 +46,7 @@ from dpopt.workloads import (
     Marginals,
     Stack,
     Workload,
+    WorkloadTooLargeError,
     kron_form,
 )
 
@@ -69,6 +71,12 @@ def selection_of(strategy: Strategy, workload: Workload, privacy: Privacy, *, so
                      status=status, iterations=iterations, gap=err.total / bound - 1.0 if bound > 0 else None,
                      wall_seconds=time.perf_counter() - t0, cpu_seconds=time.process_time() - c0,
                      extra=extra or {})
+
+
+# After an eps-DP factor's search: its p-Identity strategy's scoring (A^T A, its Cholesky factor and inverse, about
+# 1.5 baseline scorings), the workload's SVD bound (an eigenvalue decomposition) and the per-query variances that
+# compare reports (a product with the inverse): about four scorings of one baseline, each O(n^3).
+RESERVE_SCORINGS = 4.0
 
 
 def default_p(n: int) -> int:
@@ -102,73 +110,99 @@ def gaussian_factor(
     return keep_best_factor(np.asarray(A, dtype=float), res, G, norm=2, optimiser="convex-dp")
 
 
-def factor_baselines(n: int) -> dict[str, np.ndarray]:
-    """The baselines of the per-factor eps-DP family: identity, hierarchical and Haar wavelet (dense, n x n or more)."""
-    out = {"identity": np.eye(n)}
+def factor_baselines(n: int) -> dict[str, np.ndarray | sp.csr_matrix]:
+    """The baselines of the per-factor eps-DP family: identity, hierarchical and Haar wavelet (sparse, n x n or more)."""
+    out: dict[str, np.ndarray | sp.csr_matrix] = {"identity": sp.identity(n, format="csr")}
     if n > 1:
-        out["hierarchical"] = _dense(hierarchical_strategy(n).A)
-        out["wavelet"] = _dense(wavelet_strategy(n).A)
+        out["hierarchical"] = sp.csr_matrix(hierarchical_strategy(n).A)
+        out["wavelet"] = sp.csr_matrix(wavelet_strategy(n).A)
     return out
 
 
-def _dense(A: Any) -> np.ndarray:
-    """A as a dense float array."""
-    return np.asarray(A.toarray() if hasattr(A, "toarray") else A, dtype=float)
-
-
-def factor_unit_error(A: np.ndarray, G: np.ndarray, norm: int, gram: GramWorkload | None = None) -> float:
+def factor_unit_error(A: np.ndarray | sp.csr_matrix | Strategy, G: np.ndarray, norm: int) -> float:
     """sens_norm(A)^2 trace(G (A^T A)^+): one factor's error up to P(eps, delta) (inf if A misses G's range).
 
-    gram: GramWorkload(G), when the caller scores several candidates against the same G (built once).
+    A of full column rank supports every G, so only a rank-deficient A is checked (through its null space).
     """
-    s = Strategy(A)
-    if s.unsupported_fraction(GramWorkload(G) if gram is None else gram) > SUPPORT_RTOL:
+    s = A if isinstance(A, Strategy) else Strategy(A)
+    if not s.full_column_rank and s.unsupported_fraction(GramWorkload(G, m=G.shape[0])) > SUPPORT_RTOL:
         return math.inf
     return s.sensitivity(norm) ** 2 * float(np.einsum("ij,ji->", G, s.gram_pinv()))
 
 
+Candidates = dict[str, tuple[Strategy, float]]
+
+
+def baseline_candidates(G: np.ndarray, norm: int) -> Candidates:
+    """The family's baselines (`factor_baselines`) as Strategies with their unit errors on G (`factor_unit_error`;
+    the identity's is trace(G), its columns having unit norms)."""
+    out = {}
+    for name, A in factor_baselines(G.shape[0]).items():
+        s = Strategy(A, name=name)
+        out[name] = (s, float(np.trace(G)) if name == "identity" else factor_unit_error(s, G, norm))
+    return out
+
+
 def keep_best_factor(
-    A: np.ndarray, res: SolverResult, G: np.ndarray, norm: int, optimiser: str
+    A: np.ndarray, res: SolverResult, G: np.ndarray, norm: int, optimiser: str, baselines: Candidates | None = None,
 ) -> tuple[np.ndarray, SolverResult]:
     """The optimiser's factor A or a baseline of its family, whichever has the least error (ties: A).
 
     The Kronecker error factorises over the factors (module doc), so keeping the least per-factor error
     keeps the least product over every combination of candidates: the product strategy is never worse
-    than identity, hierarchical or wavelet per factor. res.extra gets "candidates" (unit errors) and
-    "kept"; a certificate in res stays valid, since it bounds every strategy.
+    than identity, hierarchical or wavelet per factor. baselines: `baseline_candidates(G, norm)` when the
+    caller has them already. Returns the kept factor dense (the block descent forms its Gram) and res; res.extra
+    gets "candidates" (unit errors), "kept" and "factor_strategy" (the kept factor as a Strategy, with what its
+    scoring computed, for `KronMatrix`); a certificate in res stays valid, since it bounds every strategy.
     """
-    cands = {optimiser: A, **factor_baselines(G.shape[0])}
-    gram = GramWorkload(G)
-    errors = {name: factor_unit_error(M, G, norm, gram) for name, M in cands.items()}
+    own = Strategy(A, name=optimiser)
+    cands = {optimiser: (own, factor_unit_error(own, G, norm)),
+             **(baseline_candidates(G, norm) if baselines is None else baselines)}
+    errors = {name: err for name, (_, err) in cands.items()}
     kept = min(errors, key=lambda k: (errors[k], k != optimiser))
     res.extra["candidates"] = errors
     res.extra["kept"] = kept
+    res.extra["factor_strategy"] = cands[kept][0]
     if kept != optimiser:
         res.message += (f"; baseline {kept!r} kept (unit error {errors[kept]:.17g} < {optimiser}'s "
                         f"{errors[optimiser]:.17g})")
-    return cands[kept], res
+    A_kept = cands[kept][0].A
+    return np.asarray(A_kept.toarray() if sp.issparse(A_kept) else A_kept, dtype=float), res
 
 
 def laplace_factor(
-    G: np.ndarray, p: int | None = None, restarts: int = 2, seed: int = 0,
-    deadline: float | None = None, progress: Progress | None = None,
+    G: np.ndarray, p: int | None = None, seed: int = 0, deadline: float | None = None,
+    progress: Progress | None = None, gram_matvec: Callable[[np.ndarray], np.ndarray] | None = None,
+    rounds: int | None = None,
 ) -> tuple[np.ndarray, SolverResult]:
-    """eps-DP factor strategy: the better of HDMM's OPT_0 (p-Identity) and the family's baselines.
+    """eps-DP factor strategy: the better of HDMM's OPT_0, improved on until the deadline, and the family's baselines.
 
-    OPT_0 alone lost to identity on AllRange(16) (852 against 816); see `keep_best_factor`. deadline and
-    progress go to `optimize_pidentity` (past the deadline: its best iterate, status TIME_LIMIT).
+    `search_pidentity` runs OPT_0 at HDMM's tolerance and then polishes and restarts until the deadline (rounds:
+    its round limit). OPT_0 alone lost to identity on AllRange(16) (852 against 816); see `keep_best_factor`.
+    The baselines are scored first, and the search stops RESERVE_SCORINGS times one baseline's scoring time before
+    the deadline, for the work after it of about that cost. gram_matvec: V -> G V through
+    the factor's structure (`Workload.gram_matvec`). Past the deadline: the best iterate, status TIME_LIMIT.
     """
-    res = optimize_pidentity(G, p or default_p(G.shape[0]), restarts=restarts, seed=seed,
-                             deadline=deadline, progress=progress)
-    return keep_best_factor(pidentity_matrix(res.x), res, G, norm=1, optimiser="p-identity")
+    t0, c0 = time.perf_counter(), time.process_time()
+    baselines = baseline_candidates(G, norm=1)
+    scoring = time.process_time() - c0
+    if deadline is not None:
+        # what follows the search costs about RESERVE_SCORINGS scorings of one baseline (the identity's is free)
+        deadline -= RESERVE_SCORINGS * (time.perf_counter() - t0) / max(1, len(baselines) - 1)
+    res = search_pidentity(G, p or default_p(G.shape[0]), seed=seed, rounds=rounds, deadline=deadline,
+                           progress=progress, gram_matvec=gram_matvec)
+    res.extra["scoring_cpu_seconds"] = scoring  # before the search: its history's CPU seconds start after it
+    return keep_best_factor(pidentity_matrix(res.x), res, G, norm=1, optimiser="p-identity", baselines=baselines)
 
 
 def _default_solver(privacy: Privacy, deadline: float | None, progress: Progress | None) -> FactorSolver:
-    """The factor solver of the privacy setting, with the deadline and progress bound."""
-    base = laplace_factor if privacy.is_pure else gaussian_factor
+    """The factor solver of the privacy setting, with the deadline and progress bound; eps-DP solves are OPT_0
+    and its polish only (no further rounds), as block descent calls them once per factor and sweep."""
+    if privacy.is_pure:
+        return functools.partial(laplace_factor, deadline=deadline, progress=progress, rounds=0)
     if deadline is None and progress is None:
-        return base
-    return functools.partial(base, deadline=deadline, progress=progress)
+        return gaussian_factor
+    return functools.partial(gaussian_factor, deadline=deadline, progress=progress)
 
 
 def _status(results: list[SolverResult], default: str) -> str:
@@ -179,32 +213,59 @@ def _status(results: list[SolverResult], default: str) -> str:
     return statuses[0] if statuses else default
 
 
-def _cached(solver: FactorSolver) -> FactorSolver:
-    """Solve identical factor Grams once (AllRange(256) x AllRange(256) has two equal factors)."""
+def _gram_key(G: np.ndarray) -> tuple[tuple[int, ...], bytes]:
+    """A key under which identical factor Grams are solved once."""
+    return G.shape, np.ascontiguousarray(G).tobytes()
+
+
+def _cached(solver: Callable[..., tuple[np.ndarray, SolverResult]]) -> Callable[..., tuple[np.ndarray, SolverResult]]:
+    """Solve identical factor Grams once (AllRange(256) x AllRange(256) has two equal factors); keywords reach the
+    first solve of each Gram."""
     memo: dict[tuple[tuple[int, ...], bytes], tuple[np.ndarray, SolverResult]] = {}
 
-    def run(G: np.ndarray) -> tuple[np.ndarray, SolverResult]:
-        key = (G.shape, np.ascontiguousarray(G).tobytes())
+    def run(G: np.ndarray, **kwargs: Any) -> tuple[np.ndarray, SolverResult]:
+        key = _gram_key(G)
         if key not in memo:
-            memo[key] = solver(G)
+            memo[key] = solver(G, **kwargs)
         return memo[key]
 
     return run
 
 
+def own_queries_error(factor: Workload, G: np.ndarray, norm: int, beat: float) -> float | None:
+    """The unit error sens(W_i)^2 rank(W_i) of measuring a factor's own queries with least-squares answers
+    (trace(G G^+) = rank G), or None when it cannot be below `beat` or the factor has no rows.
+
+    rank G >= trace(G)^2 / ||G||_F^2 (Cauchy-Schwarz on its eigenvalues), so the rank is computed (eigenvalues
+    above RANK_RTOL of the largest, as `Strategy` counts them) only when that bound leaves the queries a chance.
+    """
+    try:
+        sens2 = factor.max_column_norm(norm) ** 2
+    except WorkloadTooLargeError:
+        return None
+    rank_at_least = float(np.trace(G)) ** 2 / float(np.einsum("ij,ij->", G, G))
+    if sens2 * math.floor(rank_at_least * (1.0 - 1e-9)) >= beat:
+        return None
+    lam = np.linalg.eigvalsh(G)
+    return sens2 * int(np.count_nonzero(lam > RANK_RTOL * lam[-1]))
+
+
 def _prefer_factor_queries(
     A: np.ndarray, factor: Workload, G: np.ndarray, norm: int, kept: str, error: float | None = None
-) -> tuple[np.ndarray, str]:
-    """A, or the factor's own queries W_i (noise on queries per factor) when they have less error.
+) -> tuple[np.ndarray | sp.spmatrix, str]:
+    """A, or the factor's own queries W_i (measured with noise, least-squares answers) when they have less error.
 
-    error: A's unit error when already known (`keep_best_factor` records it).
+    error: A's unit error when already known (`keep_best_factor` records it). W_i's error comes from its
+    sensitivity and rank (`own_queries_error`), so its rows are formed only when they are kept.
     """
-    Wi = np.asarray(factor.matrix(), dtype=float)
-    gram = GramWorkload(G)
     if error is None:
-        error = factor_unit_error(A, G, norm, gram)
-    if factor_unit_error(Wi, G, norm, gram) < error:
-        return Wi, "laplace"
+        error = factor_unit_error(A, G, norm)
+    own = own_queries_error(factor, G, norm, error)
+    if own is not None and own < error:
+        try:
+            return factor.sparse(), "own queries"
+        except WorkloadTooLargeError:
+            pass
     return A, kept
 
 
@@ -224,16 +285,30 @@ def optimize_kron(
     solved past the deadline is its solver's iterate or a baseline (`keep_best_factor`), status TIME_LIMIT.
     """
     t0, c0 = time.perf_counter(), time.process_time()
-    solve = _cached(factor_solver or _default_solver(privacy, deadline, progress))
+    if factor_solver is None:
+        solve = _cached(functools.partial(laplace_factor if privacy.is_pure else gaussian_factor, progress=progress))
+    else:
+        solve = _cached(factor_solver)
     mats, results = [], []
     optimiser = "p-identity" if privacy.is_pure else "convex-dp"
     kept = []
-    for f, G in zip(workload.factors, workload.factor_grams, strict=True):
-        A, res = solve(G)
+    grams = workload.factor_grams
+    keys = [_gram_key(G) for G in grams]
+    for i, (f, G) in enumerate(zip(workload.factors, grams, strict=True)):
+        kwargs: dict[str, Any] = {}
+        if factor_solver is None:
+            # the time left is shared by the distinct factors not yet solved (equal factors are solved once)
+            left = len(set(keys[i:]) - set(keys[:i]))
+            if deadline is not None and left:
+                kwargs["deadline"] = time.perf_counter() + (deadline - time.perf_counter()) / left
+            if privacy.is_pure and f.structured_gram:
+                kwargs["gram_matvec"] = f.gram_matvec
+        A, res = solve(G, **kwargs)
         k = res.extra.get("kept", optimiser)
         known = res.extra.get("candidates", {}).get(k) if factor_solver is None else None
-        A, k = _prefer_factor_queries(A, f, G, privacy.norm, k, known)
-        mats.append(A)
+        chosen, k = _prefer_factor_queries(A, f, G, privacy.norm, k, known)
+        # the kept factor as scored (its Cholesky factor computed once) unless the factor's own queries replaced it
+        mats.append(res.extra.get("factor_strategy", A) if chosen is A else chosen)
         results.append(res)
         kept.append(k)
     strat = Strategy(KronMatrix(mats), name="kron-" + ("p-identity" if privacy.is_pure else "optimal"))
@@ -246,7 +321,8 @@ def optimize_kron(
         bound_kind = "svd bound"
     return selection_of(
         strat, workload, privacy,
-        solver=("convex-dp per factor" if not privacy.is_pure else "p-identity L-BFGS-B") + _kept_note(kept, optimiser),
+        solver=("convex-dp per factor" if not privacy.is_pure else "p-identity: OPT_0, then improved")
+        + _kept_note(kept, optimiser),
         status=_status(results, "converged" if privacy.is_pure else "optimal"),
         iterations=sum(r.nit for r in results), t0=t0, c0=c0, unit_bound=(max(unit_bound, svdb), bound_kind),
         extra={"svd_bound": privacy.variance_factor * svdb, "factor_gaps": [r.gap for r in results],
@@ -359,8 +435,8 @@ def optimize_marginals(workload: Marginals, privacy: Privacy, **opts: Any) -> Se
     if privacy.is_pure:
         strat, res = optimize_marginals_laplace(workload, **opts)
         solver, status, iters = "marginal template L-BFGS", res.status, res.nit
-        if res.extra["kept"] != "optimised":
-            solver += f" (baseline kept: {res.extra['kept']})"
+        if res.extra["kept"] != "optimised":  # named for what it measures, with least-squares answers
+            solver += f" ({res.extra['kept']} measured: less error than the template's weights)"
     else:
         strat, _ = residual_planner(workload)
         solver, status, iters = "residual planner (closed form)", "optimal", 0

@@ -51,7 +51,8 @@ class KronMatrix(StructuredMatrix):
 
     def __init__(self, factors: Sequence[np.ndarray | sp.spmatrix | Strategy]) -> None:
         """factors: matrices, or Strategy objects without B (least squares), or all with B = I: then the
-        answers are the measurements themselves (noise on queries, A = W) and `direct` is True."""
+        answers are the measurements themselves (noise on queries, A = W) and `direct` is True. A Strategy factor
+        without B is kept as the factor's part, with whatever it has computed already (Gram, Cholesky factor)."""
         if len(factors) == 0:
             raise ValueError("a Kronecker strategy needs at least one factor")
         mats = []
@@ -65,6 +66,7 @@ class KronMatrix(StructuredMatrix):
                 f = f.A
             mats.append(check_finite_matrix(f, f"factor {i}", keep_sparse=True))
         self.factors = mats
+        self._given = [f if isinstance(f, Strategy) and f.B is None and not f.factored else None for f in factors]
         self.domain_sizes = tuple(int(M.shape[1]) for M in mats)
         self.direct = all(direct)
 
@@ -75,14 +77,15 @@ class KronMatrix(StructuredMatrix):
 
     @property
     def rank(self) -> int:
-        """rank(A) = prod_i rank(A_i)."""
-        return math.prod(int(np.count_nonzero(lam)) for lam, _ in self._factor_eigs)
+        """rank(A) = prod_i rank(A_i) (a factor of full column rank is known so from its Cholesky factor)."""
+        return math.prod(s.rank for s in self._parts)
 
     # -- factor Grams ----------------------------------------------------------------------------
     @cached_property
     def _parts(self) -> list[Strategy]:
         """Each factor A_i as a dense Strategy: its Gram X_i, eigen-decomposition and pseudo-inverse."""
-        return [Strategy(M, name=f"factor {i}") for i, M in enumerate(self.factors)]
+        return [Strategy(M, name=f"factor {i}") if g is None else g
+                for i, (g, M) in enumerate(zip(self._given, self.factors, strict=True))]
 
     @property
     def _factor_eigs(self) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -96,8 +99,10 @@ class KronMatrix(StructuredMatrix):
 
     @cached_property
     def factor_null_bases(self) -> list[np.ndarray]:
-        """Orthonormal bases of the null spaces of A_i (n_i x (n_i - rank_i))."""
-        return [V[:, lam == 0] for lam, V in self._factor_eigs]
+        """Orthonormal bases of the null spaces of A_i (n_i x (n_i - rank_i)); empty, without an eigendecomposition,
+        for a factor of full column rank."""
+        return [np.zeros((s.shape[1], 0)) if s.full_column_rank else s._gram_eig[1][:, s._gram_eig[0] == 0]
+                for s in self._parts]
 
     def _checked(self, workload: Workload) -> Workload:
         """The workload's Kronecker form, refused on another domain; a strategy that answers with its

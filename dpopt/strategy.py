@@ -267,12 +267,20 @@ class Strategy:
         return np.asarray(self.matrix() @ Xp).T  # (A X^+)^T = X^+ A^T since X^+ is symmetric
 
     def gram_pinv(self) -> np.ndarray:
-        """X^+ = (A^T A)^+ (n x n); a Cholesky inverse when A has full column rank."""
+        """X^+ = (A^T A)^+ (n x n, read-only, computed once); a Cholesky inverse when A has full column rank."""
+        return self._gram_pinv
+
+    @cached_property
+    def _gram_pinv(self) -> np.ndarray:
+        """`gram_pinv`'s value."""
         if self._cholesky is not None:
-            return sla.cho_solve((self._cholesky, True), np.eye(self.shape[1]))
-        lam, V = self._gram_eig
-        inv = np.divide(1.0, lam, out=np.zeros_like(lam), where=lam > 0)
-        return (V * inv) @ V.T
+            out = sla.cho_solve((self._cholesky, True), np.eye(self.shape[1]))
+        else:
+            lam, V = self._gram_eig
+            inv = np.divide(1.0, lam, out=np.zeros_like(lam), where=lam > 0)
+            out = (V * inv) @ V.T
+        out.flags.writeable = False
+        return out
 
     def reconstruct(self, workload: Workload | np.ndarray) -> np.ndarray | sp.csr_matrix:
         """The reconstruction matrix: the given B, or the least-squares B = W A^+ (m x r)."""

@@ -60,6 +60,8 @@ class Workload(ABC):
 
     name: str = "workload"
     gram_log_scale: float = 0.0
+    #: True when `gram_matvec` goes through the rows' structure, O((m + n) k) for k vectors, never forming W^T W.
+    structured_gram: ClassVar[bool] = False
     # Set by `bind`: the Domain the cells are over (dpopt.data.Domain) and one label per query.
     domain: object | None = None
     _labels: list[str] | None = None
@@ -362,6 +364,12 @@ class Identity(_Family):
         i = np.arange(self._n)
         return i, i
 
+    structured_gram = True
+
+    def gram_matvec(self, v: np.ndarray) -> np.ndarray:
+        """W^T W v = v."""
+        return operand(v, self._n).copy()
+
 
 class Total(_Family):
     """Total(n): the single query summing all cells (seed 003)."""
@@ -380,6 +388,13 @@ class Total(_Family):
     def range_bounds(self) -> tuple[np.ndarray, np.ndarray]:
         return np.zeros(1, dtype=int), np.full(1, self._n - 1)
 
+    structured_gram = True
+
+    def gram_matvec(self, v: np.ndarray) -> np.ndarray:
+        """W^T W v = 1 (1^T v)."""
+        v = operand(v, self._n)
+        return np.broadcast_to(v.sum(axis=0), v.shape).copy()
+
 
 class Prefix(_Family):
     """Prefix(n): the n prefix sums x_0 + ... + x_i (lower-triangular ones; HDMM's 1-D table)."""
@@ -393,6 +408,14 @@ class Prefix(_Family):
         """Closed form: (W^T W)[i, j] = n - max(i, j) (0-indexed)."""
         i = np.arange(self._n)
         return (self._n - np.maximum.outer(i, i)).astype(float)
+
+    structured_gram = True
+
+    def gram_matvec(self, v: np.ndarray) -> np.ndarray:
+        """(W^T W v)_i = (n - i) sum_{j <= i} v_j + sum_{j > i} (n - j) v_j, by two cumulative sums (O(n k))."""
+        v = operand(v, self._n)
+        tail = (self._n - np.arange(self._n, dtype=float)).reshape((-1,) + (1,) * (v.ndim - 1))
+        return tail * np.cumsum(v, axis=0) + _strict_tail_sums(tail * v)
 
     def row_labels(self) -> list[str]:
         return [f"[0,{i}]" for i in range(self._n)]
@@ -488,6 +511,28 @@ def range_rows(n: int, starts: np.ndarray, ends: np.ndarray) -> sp.csr_matrix:
     return sp.csr_matrix((data, (rows, cols)), shape=(len(starts), n))
 
 
+def _strict_tail_sums(v: np.ndarray) -> np.ndarray:
+    """sum_{j > i} v_j for every i (along axis 0)."""
+    out = np.zeros_like(v)
+    out[:-1] = np.cumsum(v[:0:-1], axis=0)[::-1]
+    return out
+
+
+def range_gram_matvec(n: int, starts: np.ndarray, ends: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """W^T W v for the 0/1 rows covering cells starts[q]..ends[q] (inclusive), O((m + n) k) for v (n,) or (n, k).
+
+    W v from the prefix sums S of v (row q answers S[ends + 1] - S[starts]); W^T y spreads each answer over its
+    range by a difference array and one more cumulative sum.
+    """
+    v = operand(v, n)
+    S = np.concatenate([np.zeros((1,) + v.shape[1:]), np.cumsum(v, axis=0)])
+    y = S[ends + 1] - S[starts]
+    D = np.zeros((n + 1,) + v.shape[1:])
+    np.add.at(D, starts, y)
+    np.add.at(D, ends + 1, -y)
+    return np.cumsum(D[:n], axis=0)
+
+
 class AllRange(_Family):
     """AllRange(n): all n(n+1)/2 range queries [i, j], i <= j, ordered by (i, j) (seed 004, Table 2)."""
 
@@ -527,9 +572,29 @@ class AllRange(_Family):
         hi = np.maximum.outer(i, i)
         return ((lo + 1) * (self._n - hi)).astype(float)
 
+    structured_gram = True
+
+    def gram_matvec(self, v: np.ndarray) -> np.ndarray:
+        """(W^T W v)_i = (n - i) sum_{j <= i} (j + 1) v_j + (i + 1) sum_{j > i} (n - j) v_j, by cumulative sums
+        (O(n k); the m = n(n + 1)/2 rows are never listed)."""
+        v = operand(v, self._n)
+        shape = (-1,) + (1,) * (v.ndim - 1)
+        head = np.arange(1, self._n + 1, dtype=float).reshape(shape)
+        tail = (self._n - np.arange(self._n, dtype=float)).reshape(shape)
+        return tail * np.cumsum(head * v, axis=0) + head * _strict_tail_sums(tail * v)
+
     def row_labels(self) -> list[str]:
         i, j = self._bounds()
         return [f"[{a},{b}]" for a, b in zip(i, j, strict=True)]
+
+    def max_column_norm(self, norm: int) -> float:
+        """Cell j lies in (j + 1)(n - j) ranges, so the largest column norm is max_j (j + 1)(n - j) (L1) or its
+        square root (L2), at every size (the rows are never listed)."""
+        if norm not in (1, 2):
+            raise ValueError(f"norm must be 1 or 2, got {norm}")
+        j = (self._n - 1) // 2
+        top = float((j + 1) * (self._n - j))
+        return top if norm == 1 else math.sqrt(top)
 
 
 class WidthK(Workload):
@@ -552,6 +617,12 @@ class WidthK(Workload):
     def range_bounds(self) -> tuple[np.ndarray, np.ndarray]:
         starts = np.arange(self._n - self._k + 1)
         return starts, starts + self._k - 1
+
+    structured_gram = True
+
+    def gram_matvec(self, v: np.ndarray) -> np.ndarray:
+        """W^T W v through the ranges' prefix sums (`range_gram_matvec`)."""
+        return range_gram_matvec(self._n, *self.range_bounds(), v)
 
     def row_labels(self) -> list[str]:
         return [f"[{s},{s + self._k - 1}]" for s in range(self._n - self._k + 1)]
@@ -578,6 +649,12 @@ class WRange(Workload):
 
     def range_bounds(self) -> tuple[np.ndarray, np.ndarray]:
         return self._starts, self._ends
+
+    structured_gram = True
+
+    def gram_matvec(self, v: np.ndarray) -> np.ndarray:
+        """W^T W v through the ranges' prefix sums (`range_gram_matvec`)."""
+        return range_gram_matvec(self._n, *self.range_bounds(), v)
 
     def row_labels(self) -> list[str]:
         return [f"[{a},{b}]" for a, b in zip(self._starts, self._ends, strict=True)]

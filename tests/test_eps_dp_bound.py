@@ -70,10 +70,10 @@ def test_every_mechanism_at_or_above_the_reported_bound(spec: str) -> None:
 def test_pure_relaxation_is_shown_where_it_is_tighter() -> None:
     # On a random low-rank WRelated the triangle cuts of formulations.mm_pure lift the bound 5.6% above the
     # certified L2 bound (measured); no strategy found by any means here goes below it: the mechanisms, the
-    # full-strategy eps-DP optimiser from three starts, and 200 random non-negative strategies.
+    # p-Identity search from OPT_0 on, the baselines, and 200 random non-negative and 200 random signed strategies.
     from dpopt.baselines import hierarchical_strategy, wavelet_strategy
     from dpopt.compare import pure_relaxation_bound
-    from dpopt.solvers.l1_strategy import optimize_l1_strategy
+    from dpopt.solvers.pidentity import search_pidentity
 
     w = parse_workload("wrelated:12x10:s=3")
     l2, _ = certified_l2_bound(w)
@@ -84,9 +84,10 @@ def test_pure_relaxation_is_shown_where_it_is_tighter() -> None:
     assert (done["bound_kind"] == "pure-relaxation").all()
     assert (done["ratio_to_bound"] >= 1).all(), done[["mechanism", "ratio_to_bound"]]
     G = w.gram()
-    starts = [np.eye(10), hierarchical_strategy(10).A.toarray(), wavelet_strategy(10).A.toarray()]
-    assert optimize_l1_strategy(G, starts).fun >= relaxed
+    assert search_pidentity(G, 2, rounds=3).fun >= relaxed
     rng = np.random.default_rng(1)
-    for _ in range(200):
-        A = rng.exponential(size=(rng.integers(10, 30), 10))
+    baselines = [np.eye(10), hierarchical_strategy(10).A.toarray(), wavelet_strategy(10).A.toarray()]
+    randoms = [draw(size=(rng.integers(10, 30), 10)) for draw in (rng.exponential, rng.standard_normal)
+               for _ in range(200)]
+    for A in baselines + randoms:
         assert np.abs(A).sum(axis=0).max() ** 2 * np.trace(np.linalg.solve(A.T @ A, G)) >= relaxed

@@ -8,7 +8,7 @@ import pytest
 from reference_workloads import explicit
 
 from dpopt.bounds import svd_bound
-from dpopt.linalg import kron_matvec
+from dpopt.linalg import column_norm_powers, kron_matvec
 from dpopt.workloads import (
     AllRange,
     Identity,
@@ -19,6 +19,7 @@ from dpopt.workloads import (
     Total,
     WidthK,
     WorkloadTooLargeError,
+    WRange,
     kron_form,
 )
 
@@ -174,3 +175,41 @@ def test_validation_errors_name_the_problem():
         Stack([Kron([AllRange(3)]), Kron([AllRange(4)])])
     with pytest.raises(ValueError, match="at least one"):
         Kron([])
+
+
+@pytest.mark.parametrize(
+    "W",
+    [Identity(7), Total(7), Prefix(1), Prefix(9), AllRange(1), AllRange(9), WidthK(9, 3), WidthK(5, 5), WRange(20, 9)],
+    ids=lambda w: w.name,
+)
+def test_gram_matvec_through_the_rows_structure(W):
+    assert W.structured_gram
+    rng = np.random.default_rng(2)
+    G = W.gram()
+    m, n = W.shape
+    for v in (rng.standard_normal(n), rng.standard_normal((n, 3))):
+        out = W.gram_matvec(v)
+        assert out.shape == v.shape
+        absv = np.abs(v) if v.ndim == 2 else np.abs(v)[:, None]
+        # Prefix and AllRange: two cumulative sums of terms |G_ij v_j|, each partial sum within n eps of its terms'
+        # absolute sum, then one product and one sum: 4 (n + 1) eps (|G| |v|). The range rows take differences
+        # of prefix sums (each within n eps ||v||_1) and spread m answers by a cumulative sum of partial sums up
+        # to m ||v||_1: 4 (n + 1)(m + 1) eps ||v||_1.
+        bound = np.maximum(4 * (n + 1) * EPS * (np.abs(G) @ absv),
+                           4 * (n + 1) * (m + 1) * EPS * absv.sum(axis=0))
+        assert np.all(np.abs(out.reshape(n, -1) - (G @ v).reshape(n, -1)) <= bound)
+
+
+def test_allrange_products_and_sensitivity_without_its_rows():
+    W = AllRange(1200)  # 1200 * 720,600 entries: its rows cannot be listed
+    assert not W.has_rows
+    j = np.array([0, 599, 1199])
+    E = np.zeros((1200, 3))
+    E[j, np.arange(3)] = 1.0
+    # integer sums below 2^53: exact in float64
+    np.testing.assert_array_equal(W.gram_matvec(E), W.gram()[:, j])
+    assert W.max_column_norm(1) == 600 * 601 and W.max_column_norm(2) == math.sqrt(600 * 601)
+    small = AllRange(9)
+    for norm in (1, 2):  # the closed form against the scan of the rows
+        assert small.max_column_norm(norm) == pytest.approx(float(column_norm_powers(small.sparse(), norm).max()) ** (
+            1 / norm), rel=4 * EPS)

@@ -560,6 +560,7 @@ class Mechanism(ABC):
             "expected_total_error": err.total,
             "rmse": err.rmse,
             "bound": bound,
+            "bound_kind": "svd",  # P * SVDB(W) (`lower_bound`); compare may replace it by a tighter certified bound
             "ratio_to_bound": err.total / bound if bound > 0 and math.isfinite(bound) else math.nan,
             "fit_seconds": info.wall_seconds,
             "fit_cpu_seconds": info.cpu_seconds,

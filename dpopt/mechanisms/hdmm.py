@@ -148,13 +148,24 @@ class HDMMMechanism(Mechanism):
                 "marginals, is selected factor by factor)")
 
     def _comparison_bound(self) -> float:
-        """P * SVDB like every other mechanism; the selection's certified bound is reported beside it."""
-        return self.privacy_.variance_factor * self.workload_.error_lower_bound()[0]
+        """P times the workload's own lower bound (`Workload.error_lower_bound`: SVDB for a Kronecker product or
+        marginals, as every other mechanism reports; the selection's, where it computed it); the selection's
+        certified bound is reported beside it."""
+        return self._workload_bound()[0]
+
+    def _workload_bound(self) -> tuple[float, str]:
+        """(P times the workload's own lower bound, its kind as a record names it: "svd" for P * SVDB(W))."""
+        sel = self.selection_
+        known = sel.extra.get("svd_bound")
+        if known is not None:  # a Kronecker selection's bound may be its certificate: P * SVDB is kept beside it
+            return float(known), "svd"
+        # otherwise the selection's bound is the workload's own (`selection_of`)
+        return float(sel.bound), "svd" if sel.bound_kind.startswith("svd bound") else sel.bound_kind
 
     def record(self) -> dict[str, Any]:
         """The shared record keys, computed through the factors, plus the certified bound."""
         rec = super().record()
+        rec["bound_kind"] = self._workload_bound()[1]
         rec["certified_bound"] = self.bound_
         rec["certified_bound_kind"] = self.fit_info_.message
         return rec
-

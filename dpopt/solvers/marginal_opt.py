@@ -63,13 +63,15 @@ def candidate_marginals(workload: Marginals, candidates: str | Sequence[Sequence
 
 
 def marginal_baselines(workload: Marginals) -> dict[str, Strategy]:
-    """The eps-DP baselines in the marginal template: the full table (noise on data) and the workload itself."""
+    """The eps-DP baselines in the marginal template: the full table (noise on every cell) and the workload's own
+    marginals (noise on each, weighted as in the workload), both with least-squares answers."""
     sizes = workload.domain_sizes
     every = [tuple(range(len(sizes)))]
     own = [attrs_of(S) for S in workload.masks]
     return {
-        "identity": Strategy(MarginalMatrix(sizes, "marginals", every, [1.0]), name="identity"),
-        "laplace": Strategy(MarginalMatrix(sizes, "marginals", own, workload.weights), name="noise on queries"),
+        "full table": Strategy(MarginalMatrix(sizes, "marginals", every, [1.0]), name="full table"),
+        "workload marginals": Strategy(MarginalMatrix(sizes, "marginals", own, workload.weights),
+                                       name="workload marginals"),
     }
 
 
