@@ -312,6 +312,18 @@ def marginals_workload(domain: Domain, k: int) -> Workload:
     return W.bind(domain, labels)
 
 
+def marginals_of_orders(domain: Domain, orders: Sequence[int]) -> Workload:
+    """All K-way marginals for every K in `orders` as one `Marginals` (subsets by order, then lexicographic)."""
+    ks = sorted(int(k) for k in orders)
+    if not ks or len(set(ks)) != len(ks) or any(not 1 <= k <= len(domain) for k in ks):
+        raise ValueError(f"orders must be distinct integers in 1..{len(domain)}, got {list(orders)}")
+    subsets = [S for k in ks for S in combinations(range(len(domain)), k)]
+    labels = [lab for S in subsets for lab in domain.project([domain.names[i] for i in S]).cell_labels()]
+    W = Marginals([a.size for a in domain.attributes], subsets=subsets)
+    W.name = f"marginals({','.join(map(str, ks))}-way)"
+    return W.bind(domain, labels)
+
+
 def range_workload(domain: Domain, attribute: str) -> Workload:
     """All range queries lo..hi (lo <= hi) over one ordinal attribute, summed over the others.
 
@@ -328,6 +340,39 @@ def range_workload(domain: Domain, attribute: str) -> Workload:
     R = range_rows(a.size, lo, hi)
     labels = [_range_label(a, int(i), int(j)) for i, j in zip(lo, hi, strict=True)]
     return _kron(domain, {a.name: _factor(a, R, f"ranges({a.name})")}, f"ranges({a.name})", labels)
+
+
+def _ordinal_rows(a: Attribute, factor: str) -> tuple[sp.csr_matrix, list[str]]:
+    """The prefix (lo = 0) or all-range rows over an ordinal attribute's regular levels, with their labels."""
+    if not a.ordinal:
+        raise ValueError(f"{factor} factors need ordinal attributes; {a.name!r} is an unordered categorical")
+    k = a.n_regular
+    lo, hi = (np.zeros(k, dtype=int), np.arange(k)) if factor == "prefix" else np.triu_indices(k)
+    return range_rows(a.size, lo, hi), [_range_label(a, int(i), int(j)) for i, j in zip(lo, hi, strict=True)]
+
+
+def kron_marginals_workload(domain: Domain, orders: Sequence[int], factor: str) -> Workload:
+    """Every K-way attribute subset S (K in `orders`, lexicographic domain order) as prefix or range queries on
+    S's attributes (all ordinal) jointly, summed over the others: a union of Kronecker products, each row
+    labelled by its ranges ("age <= 29 & 2 <= hours <= 4")."""
+    if factor not in ("prefix", "range"):
+        raise ValueError(f"factor must be 'prefix' or 'range', got {factor!r}")
+    d = len(domain)
+    ks = sorted(int(k) for k in orders)
+    if not ks or len(set(ks)) != len(ks) or any(not 1 <= k <= d for k in ks):
+        raise ValueError(f"orders must be distinct integers in 1..{d}, got {list(orders)}")
+    subsets = [S for k in ks for S in combinations(range(d), k)]
+    rows = {i: _ordinal_rows(domain.attributes[i], factor) for i in sorted({i for S in subsets for i in S})}
+    parts = []
+    for S in subsets:
+        labels = [""]
+        for i in S:
+            labels = [f"{a} & {b}" if a else b for a in labels for b in rows[i][1]]
+        names = [domain.names[i] for i in S]
+        factors = {domain.names[i]: _factor(domain.attributes[i], rows[i][0], f"{factor}({domain.names[i]})")
+                   for i in S}
+        parts.append(_kron(domain, factors, f"{factor}({','.join(names)})", labels))
+    return stack_workloads(parts, name=f"marginals({','.join(map(str, ks))}-way {factor})")
 
 
 def identity_workload(domain: Domain) -> Workload:

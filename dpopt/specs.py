@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable
+from itertools import combinations
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from dpopt.workloads import (
     Kron,
     Marginals,
     Prefix,
+    Stack,
     Total,
     WDiscrete,
     WidthK,
@@ -33,6 +35,7 @@ from dpopt.workloads import (
     WRange,
     WRelated,
     WTau,
+    kron_marginals,
 )
 
 SPEC_HELP = """\
@@ -40,7 +43,12 @@ workload specs:
   identity:N  total:N  prefix:N  allrange:N  width:N:K  allpredicate:N
   wrange:MxN[:seed=S]  wdiscrete:MxN[:seed=S][:off=-1|0]  wrelated:MxN:s=S[:seed=S]
   wtau:MxN:tau=T[:seed=S]  marginals:N1xN2x...:K (all K-way marginals, e.g. marginals:16x16x16x16:2)
+  marginals:N1xN2x...:K,K,...[:prefix|:range] (every K-way subset; with a suffix, Prefix or AllRange
+  queries on the subset's attributes and the total on the others: a union of Kronecker products, e.g.
+  marginals:32x32x32:1,2:prefix)
   kron:SPEC,SPEC,...  (Kronecker product, e.g. kron:allrange:64,allrange:32)
+  union:SPEC|SPEC|... (the specs' queries stacked over the same cells, e.g.
+  union:marginals:8x8x8:1:range|marginals:8x8x8:2:prefix)
   npy:PATH (a dense W saved with numpy.save)  gram-npy:PATH[:m=M] (a saved W^T W of M queries; without
   m the query count is unknown, so RMSE and max_query_std are not reported)
   marginals:PATH.json:K (all K-way marginals over a domain file {"attribute": size, ...})
@@ -57,6 +65,9 @@ workload SPEC (';'-separated parts, answered together):
   total | identity          the row count | every cell
   marginal:a,b              counts for every combination of a and b
   marginals:K               all K-way marginals
+  marginals:K,K[:prefix|:range]  every K-way subset; with a suffix, prefix or range queries on its
+                            (ordinal) columns jointly
+  union:SPEC|SPEC           the parts stacked (as ';' does)
   range:age                 all ranges lo..hi of an ordinal column
   predicate:COND            one count; COND is terms joined by '&':
                             col=v (equals), col=v1|v2 (in), col=lo..hi (between, inclusive)
@@ -242,6 +253,8 @@ def parse_workload(spec: str, domain: Domain | None = None) -> Workload:
             raise SpecError(f"kron needs two or more comma-separated factor specs, e.g. kron:allrange:64,allrange:32; "
                             f"got {spec!r}")
         return Kron([parse_workload(f) for f in factors])
+    if name == "union":
+        return _union(rest, spec)
     if name in ("npy", "gram-npy"):
         return _npy_workload(name, rest)
     args = rest.split(":") if rest else []
@@ -259,7 +272,7 @@ def parse_workload(spec: str, domain: Domain | None = None) -> Workload:
         if name in ("wrange", "wdiscrete", "wrelated", "wtau"):
             return _random_family(name, args)
         if name == "marginals":
-            return _marginals(rest, spec)
+            return _marginal_orders(rest, spec)
     except SpecError:
         raise
     except ValueError as exc:
@@ -295,6 +308,86 @@ def _marginals(rest: str, spec: str) -> Marginals:
     domain = Domain.from_json(path)
     k = marginal_order(ktext, len(domain.shape), spec)
     return Marginals(domain.shape, k=k, attribute_names=domain.names, name=f"marginals({k}-way over {label})")
+
+
+# -- unions of Kronecker products: marginals with prefix or range factors, and stacks of specs --------------
+MARGINAL_FACTORS = ("prefix", "range")
+
+
+def _factor_suffix(text: str) -> tuple[str, str | None]:
+    """(text without it, the factor) when text ends in ':prefix' or ':range', else (text, None)."""
+    head, sep, last = text.rpartition(":")
+    if sep and last.strip().lower() in MARGINAL_FACTORS:
+        return head, last.strip().lower()
+    return text, None
+
+
+def marginal_orders(text: str, n_attributes: int, spec: str) -> list[int]:
+    """K,K,...: distinct marginal orders, each in 1..number of attributes."""
+    ks = [marginal_order(t, n_attributes, spec) for t in text.split(",")]
+    if len(set(ks)) != len(ks):
+        raise SpecError(f"marginal orders must be distinct in spec {spec!r}, got {text!r}")
+    return sorted(ks)
+
+
+def _marginal_orders(rest: str, spec: str) -> Workload:
+    """marginals:WHERE:K[,K...][:prefix|:range]; without a suffix or list, today's `_marginals`."""
+    body, factor = _factor_suffix(rest)
+    where, sep, ktext = body.rpartition(":")
+    if factor is None and "," not in ktext:
+        return _marginals(rest, spec)
+    if not sep or not where:
+        raise SpecError(f"marginals needs N1xN2x...:K[,K...][:prefix|:range] (or PATH.json / NAME before :K), "
+                        f"got {spec!r}")
+    base = _marginals(f"{where}:1", spec)  # the attribute sizes and names WHERE stands for
+    ks = marginal_orders(ktext, len(base.domain_sizes), spec)
+    if factor is None:
+        subsets = [S for k in ks for S in combinations(range(len(base.domain_sizes)), k)]
+        return Marginals(base.domain_sizes, subsets=subsets, attribute_names=base.attribute_names,
+                         name=f"marginals({','.join(map(str, ks))}-way over {'x'.join(map(str, base.domain_sizes))})")
+    return kron_marginals(base.domain_sizes, ks, factor, base.attribute_names)
+
+
+def _union_parts(rest: str, spec: str) -> list[str]:
+    """The '|'-separated part specs of a union, at least two and none empty."""
+    parts = [p.strip() for p in rest.split("|")]
+    if len(parts) < 2 or any(not p for p in parts):
+        raise SpecError(f"union needs two or more '|'-separated specs, e.g. union:prefix:64|allrange:64; got {spec!r}")
+    return parts
+
+
+def _union(rest: str, spec: str) -> Workload:
+    """union:SPEC|SPEC|...: the parts' rows stacked (stacks flattened, so unions of Kronecker products stay one)."""
+    parts = [parse_workload(p) for p in _union_parts(rest, spec)]
+    if len({w.n for w in parts}) != 1:
+        cells = ", ".join(f"{w.name}: {w.n}" for w in parts)
+        raise SpecError(f"union parts must have the same number of cells in spec {spec!r}; got {cells}")
+    blocks: list[Workload] = []
+    weights: list[float] = []
+    for w in parts:
+        if isinstance(w, Stack):
+            blocks.extend(w.parts)
+            weights.extend(float(v) for v in w.weights)
+        else:
+            blocks.append(w)
+            weights.append(1.0)
+    return Stack(blocks, weights, name="union(" + "|".join(w.name for w in parts) + ")")
+
+
+def _domain_marginal_orders(domain: Domain, arg: str, part: str) -> Workload:
+    """marginals:K[,K...][:prefix|:range] over a Domain: plain marginals of each order, or prefix / range queries."""
+    body, factor = _factor_suffix(arg)
+    ks = marginal_orders(body, len(domain), part)
+    try:
+        return q.marginals_of_orders(domain, ks) if factor is None else q.kron_marginals_workload(domain, ks, factor)
+    except ValueError as exc:
+        raise SpecError(f"workload part {part!r}: {exc}") from None
+
+
+def _domain_union(domain: Domain, arg: str, part: str) -> Workload:
+    """union:SPEC|SPEC|... over a Domain: the parts stacked, labels kept."""
+    pieces = [_domain_workload(p, domain) for p in _union_parts(arg, part)]
+    return q.stack_workloads(pieces, name=part)
 
 
 # -- workloads over a data Domain ----------------------------------------------------------------
@@ -378,6 +471,10 @@ def _domain_workload(spec: str, domain: Domain) -> Workload:
             pieces.append(q.identity_workload(domain))
         elif kind == "marginal":
             pieces.append(q.marginal_workload(domain, split_names(arg)))
+        elif kind == "marginals" and ("," in arg or ":" in arg):
+            pieces.append(_domain_marginal_orders(domain, arg, part))
+        elif kind == "union":
+            pieces.append(_domain_union(domain, arg, part))
         elif kind == "marginals":
             pieces.append(q.marginals_workload(domain, marginal_order(arg, len(domain), part)))
         elif kind == "range":
@@ -386,7 +483,7 @@ def _domain_workload(spec: str, domain: Domain) -> Workload:
             pieces.append(q.predicate_workload(domain, [_condition(domain, arg)]))
         else:
             raise SpecError(f"workload part {part!r}: expected total, identity, marginal:COLS, "
-                           "marginals:K, range:COL or predicate:COND")
+                           "marginals:K[,K...][:prefix|:range], range:COL, predicate:COND or union:SPEC|SPEC")
     if not pieces:
         raise SpecError(f"workload spec {spec!r} is empty")
     return pieces[0] if len(pieces) == 1 else q.stack_workloads(pieces, name=spec)

@@ -1068,6 +1068,31 @@ class Marginals(Stack):
         return self.svd_bound(), "svd bound (tight for marginals)"
 
 
+#: The 1-D factor families `kron_marginals` puts on the attributes of each subset.
+MARGINAL_FACTORS = {"prefix": Prefix, "range": AllRange}
+
+
+def kron_marginals(domain_sizes: Sequence[int], orders: Sequence[int], factor: str,
+                   attribute_names: Sequence[str] | None = None) -> Stack:
+    """Every K-way subset S (K in `orders`) of the attributes as the Kronecker product of a Prefix or AllRange
+    factor on S and the total elsewhere, stacked: a union of Kronecker products (the prefix and range
+    marginals of QuerySmasher and ResidualPlanner+)."""
+    if factor not in MARGINAL_FACTORS:
+        raise ValueError(f"factor must be one of {', '.join(MARGINAL_FACTORS)}, got {factor!r}")
+    sizes = [check_positive_int(s, "domain size") for s in domain_sizes]
+    d = len(sizes)
+    ks = [int(k) for k in orders]
+    if not ks or len(set(ks)) != len(ks) or any(not 1 <= k <= d for k in ks):
+        raise ValueError(f"orders must be distinct integers in 1..{d}, got {list(orders)}")
+    names = list(attribute_names) if attribute_names is not None else [str(i) for i in range(d)]
+    make = MARGINAL_FACTORS[factor]
+    parts = [Kron([make(n) if i in S else _Ones(n) for i, n in enumerate(sizes)],
+                  name=f"{factor}(" + ",".join(names[i] for i in S) + ")")
+             for k in sorted(ks) for S in combinations(range(d), k)]
+    label = ",".join(str(k) for k in sorted(ks))
+    return Stack(parts, name=f"marginals({label}-way {factor} over {'x'.join(map(str, sizes))})")
+
+
 def all_range_nd(sizes: Sequence[int]) -> Kron:
     """ALLRANGE(n_1, ..., n_d): all multi-dimensional range queries, the Kronecker product of AllRange (seed 004)."""
     return Kron([AllRange(s) for s in sizes], name="allrange(" + ",".join(str(s) for s in sizes) + ")")
