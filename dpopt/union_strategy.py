@@ -197,6 +197,11 @@ class ResidualKronMatrix(StructuredMatrix):
                  for k in range(len(self.subsets))]
         return Stack(parts, self.weights, name="A")
 
+    @property
+    def sens_exact(self) -> bool:
+        """True when the sensitivity scans every cell (`Stack.max_column_norm`), else it is an upper bound."""
+        return self.operator.column_norm_exact
+
     @cached_property
     def _ginverses(self) -> list[list[np.ndarray]]:
         """N_{A,i} for every part and factor."""

@@ -137,6 +137,18 @@ def value_gradient(G: np.ndarray, phi: np.ndarray, u: np.ndarray) -> np.ndarray:
     return -(2.0 * T / float(su @ su)) * (V.T @ (P @ su))
 
 
+def short_onto(X: np.ndarray, phi: np.ndarray) -> np.ndarray:
+    """Y = Q (Q^T X^+ Q)^{-1} Q^T (Q an orthonormal basis of phi-perp), scaled to max diag 1: the shorted operator
+    of X onto phi-perp (Y <= X, and q^T Y^+ q = q^T X^+ q for q in phi-perp)."""
+    Q = sla.null_space(phi[None, :])
+    lam, V = np.linalg.eigh((X + X.T) / 2)
+    keep = lam > FACTOR_RANK_RTOL * float(lam.max())
+    C = Q.T @ ((V[:, keep] / lam[keep]) @ (V[:, keep].T @ Q))
+    Y = Q @ np.linalg.solve((C + C.T) / 2, Q.T)
+    Y = (Y + Y.T) / 2
+    return Y / float(np.diag(Y).max())
+
+
 def residual_factor(G: np.ndarray, phi: np.ndarray, tol: float = FINAL_TOL, d0: np.ndarray | None = None,
                     time_limit: float | None = None) -> ResidualFactor:
     """Seed 002's problem on the residual Gram M^T G M (M = I - phi 1^T), its optimum shorted onto phi-perp.
@@ -156,15 +168,7 @@ def residual_factor(G: np.ndarray, phi: np.ndarray, tol: float = FINAL_TOL, d0: 
     if time_limit is not None:
         kwargs["time_limit"] = max(time_limit, MIN_SOLVER_SECONDS)
     res = solve_convex_dp(GR, tol=tol, **kwargs)
-    X = np.asarray(res.x, dtype=float)
-    Q = sla.null_space(phi[None, :])
-    lam, V = np.linalg.eigh((X + X.T) / 2)
-    keep = lam > FACTOR_RANK_RTOL * float(lam.max())
-    XpQ = (V[:, keep] / lam[keep]) @ (V[:, keep].T @ Q)
-    C = Q.T @ XpQ
-    Y = Q @ np.linalg.solve((C + C.T) / 2, Q.T)
-    Y = (Y + Y.T) / 2
-    Y /= float(np.diag(Y).max())
+    Y = short_onto(np.asarray(res.x, dtype=float), phi)
     lam, V = np.linalg.eigh(Y)
     keep = lam > FACTOR_RANK_RTOL * float(lam.max())
     B = np.sqrt(lam[keep])[:, None] * V[:, keep].T
