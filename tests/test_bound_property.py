@@ -88,6 +88,9 @@ WORKLOADS = {
         [Kron([Prefix(3), Total(4)]), Kron([Identity(3), AllRange(4)])], weights=[1.0, 0.5]
     ),
     "marginals:2x3x4:1": lambda: Marginals([2, 3, 4], k=1),
+    "spec marginals:3x3x2:1,2:prefix": lambda: parse_workload("marginals:3x3x2:1,2:prefix"),
+    "spec marginals:3x2x2:1,2:range": lambda: parse_workload("marginals:3x2x2:1,2:range"),
+    "spec union": lambda: parse_workload("union:marginals:3x3x2:1:range|marginals:3x3x2:2:prefix"),
     "predicates": _predicates,
     "queries-stack": _queries_stack,
 }
@@ -157,6 +160,26 @@ def test_each_path_stays_below_the_exact_marginals_bound():
     for value in (svd_bound(W), svd_bound_from_gram(W.gram()), svd_bound_from_matrix(W.matrix()), W.svd_bound()):
         assert value <= exact
         assert value >= exact * (1 - 1e-12)
+
+
+@pytest.mark.parametrize("spec", ["marginals:3x3x2:1,2:prefix", "marginals:3x3x2:1,2:range",
+                                  "union:marginals:3x3x2:1:range|marginals:3x3x2:2:prefix"])
+def test_union_bounds_never_above_any_error(spec, monkeypatch):
+    """The structured certified bound (`dpopt.solvers.union_bound`, what mm-optimal reports beyond the dense limit,
+    lowered here to 10 cells) stays below the error of every mechanism, the family's and the dense optimum's."""
+    from dpopt.mechanisms import matrix as matrix_mod
+
+    W = parse_workload(spec)
+    privacy = PRIVACIES["approx"]
+    dense = make_mechanism("mm-optimal").fit(W, privacy)
+    monkeypatch.setattr(matrix_mod, "UNION_DENSE_MAX_CELLS", 10)
+    family = make_mechanism("mm-optimal").fit(W, privacy)
+    bound = family.record()["certified_bound"]
+    assert bound <= dense.expected_error_.total * (1 + TOL)
+    for name in MECHANISMS:
+        mech = _fit(name, W, privacy) if name not in SLOW else None
+        if mech is not None:
+            assert bound <= mech.expected_error_.total * (1 + TOL), name
 
 
 def test_kronecker_bound_is_the_product_of_safe_factor_bounds():

@@ -397,14 +397,15 @@ class Mechanism(ABC):
         ))
 
     def _adopt(self, view: Workload, given: Workload, privacy: Privacy, strategy: Strategy,
-               err: ErrorReport, info: FitInfo) -> Mechanism:
-        """Keep a strategy selected for `view` (the workload, or its structured form), its exact error and P SVDB(W)."""
+               err: ErrorReport, info: FitInfo, bound: float | None = None) -> Mechanism:
+        """Keep a strategy selected for `view` (the workload, or its structured form), its exact error and P SVDB(W)
+        (or `bound`, a lower bound of the same kind the caller computed through the structure)."""
         self.workload_ = view
         self.input_workload_ = given  # as given (e.g. bound to a data Domain, with row labels), for release
         self.privacy_ = privacy
         self.strategy_ = strategy  # type: ignore[assignment]
         self.expected_error_ = err
-        self.bound_ = lower_bound(view, privacy)
+        self.bound_ = lower_bound(view, privacy) if bound is None else bound
         self.fit_info_ = info
         return self
 

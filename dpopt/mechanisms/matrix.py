@@ -56,7 +56,7 @@ from dpopt.solvers.nnls import solve_nnls
 from dpopt.solvers.result import CONVERGED, FAILED, MAX_ITER, STALLED, SolverResult, relative_gap
 from dpopt.strategy import RANK_RTOL, Strategy, StrategyError
 from dpopt.validation import check_choice, check_finite_vector
-from dpopt.workloads import Marginals, Workload, kron_form
+from dpopt.workloads import Marginals, Stack, Workload, kron_form
 
 STRATEGY_KINDS = ("eigen", "optimal", "appendix-b")
 # What the convex optimum minimises: total squared error (seed 002), or the largest per-query variance.
@@ -77,6 +77,9 @@ ZERO_COLUMN_RTOL = 1e-14
 # The marginal-algebra optimum meets the SVD bound exactly; the two computed numbers differ by the rounding
 # of sums over at most 2^d residual blocks (about 1e-14 relative), so a gap above 1e-9 means a defect.
 MARGINAL_GAP_TOL = 1e-9
+# A union of Kronecker products on more cells than this is fitted through the residual Kronecker family with a
+# certified gap (`MatrixMechanism._fit_union_family`); up to it, by the dense certified solve (8^4 in 64 s).
+UNION_DENSE_MAX_CELLS = 4096
 # Completion skips a cell whose unused L2 sensitivity 1 - X_jj is at most this. The eigen solver stops
 # at a relative gap of 1e-8, so diag(X) falls short of 1 by that order where the optimum has it equal
 # to 1 (marginals). Completing such a cell adds a direction at eigenvalue c ~ 1e-9 next to W's null
@@ -223,16 +226,72 @@ class MatrixMechanism(Mechanism):
         self.baselines = bool(isinstance(strategy, str) if baselines is None else baselines)
 
     def _fit(self, workload: Workload | np.ndarray, privacy: Privacy) -> MatrixMechanism:
-        """`fit` under the current budget; the (eps, delta) optimum of a marginal workload in closed form."""
+        """`fit` under the current budget; the (eps, delta) optimum of a marginal workload in closed form; a union
+        of Kronecker products above UNION_DENSE_MAX_CELLS cells through the residual Kronecker family."""
         if isinstance(workload, Marginals) and self._marginal_optimum_applies(privacy):
             return self._fit_marginal_algebra(workload, privacy)
+        if self._union_family_applies(workload, privacy):
+            return self._fit_union_family(workload, privacy)  # type: ignore[arg-type]
         return super()._fit(workload, privacy)  # type: ignore[return-value]
 
     def size_problem(self, workload: Workload, privacy: Privacy) -> str | None:
-        """None for a marginal workload whose optimum is in closed form (any domain), else the dense size limit."""
+        """None for a marginal workload whose optimum is in closed form (any domain) or a union of Kronecker products
+        fitted through the residual Kronecker family, else the dense size limit."""
         if isinstance(workload, Marginals) and self._marginal_optimum_applies(privacy):
             return None
+        if self._union_family_applies(workload, privacy):
+            return None
         return super().size_problem(workload, privacy)
+    def _union_family_applies(self, workload: Workload | np.ndarray, privacy: Privacy) -> bool:
+        """True for the convex optimum under (eps, delta), least squares and no targets, on a union of two or more
+        Kronecker products over two or more attributes (not marginals) with more than UNION_DENSE_MAX_CELLS cells."""
+        if not isinstance(workload, Workload) or self.strategy != "optimal" or self.inference != "ls":
+            return False
+        if self.targets is not None or privacy.is_pure or isinstance(workload, Marginals):
+            return False
+        w = kron_form(workload)
+        return (isinstance(w, Stack) and w.kron_parts and len(w.parts) > 1 and w.n_factors > 1
+                and w.n > UNION_DENSE_MAX_CELLS)
+
+    def _fit_union_family(self, workload: Workload, privacy: Privacy) -> MatrixMechanism:
+        """A union of Kronecker products beyond the dense certified solve: the residual Kronecker family
+        (`dpopt.solvers.residual_kron`, or `residual_kron_max` for objective "max"), with its certified gap
+        against the bound of `dpopt.solvers.union_bound` (through the factors; no n x n matrix is formed).
+
+        The gap is the family's distance to that bound, not the optimum's: the optimum over all strategies lies
+        between the two. The time budget is shared: the family first, the bound with what is left.
+        """
+        from dpopt.mechanisms.base import current_budget
+        from dpopt.solvers.residual_kron import UnionTerms, optimize_residual_kron
+        from dpopt.solvers.residual_kron_max import optimize_residual_kron_max
+        from dpopt.solvers.union_bound import union_lower_bound
+
+        t0, c0 = time.perf_counter(), time.process_time()
+        budget = current_budget()
+        deadline = None if budget.time_limit is None else t0 + budget.time_limit
+        w = kron_form(workload)
+        if self.objective == "max":
+            M, res = optimize_residual_kron_max(w, deadline=deadline, progress=budget.progress)
+            unit_bound, kind = res.dual_bound, "largest variance >= sum bound / m (union_lower_bound)"
+        else:
+            M, res = optimize_residual_kron(w, deadline=deadline, progress=budget.progress)
+            unit_bound, info = union_lower_bound(UnionTerms.of(w), deadline=deadline, progress=budget.progress)
+            kind = info["kind"]
+        strategy = Strategy(M, name="residual-kron")
+        err = strategy.expected_error(w, privacy, rtol=self.support_rtol)
+        value = float(np.max(strategy.query_unit_variances(w))) if self.objective == "max" else err.total
+        if self.objective == "max":
+            value *= privacy.variance_factor * err.sensitivity**2
+        gap = None if not unit_bound else relative_gap(value, privacy.variance_factor * unit_bound)
+        info_ = FitInfo(solver="residual Kronecker family (certified factors, L-BFGS bases)", status=res.status,
+                        iterations=int(res.nit), wall_seconds=time.perf_counter() - t0,
+                        cpu_seconds=time.process_time() - c0, gap=gap,
+                        message=f"{res.message}; certified bound: {kind}",
+                        extra={"unit_lower_bound": unit_bound, "bound_kind": kind, "kind": "optimal",
+                               "objective": self.objective, "family": res.extra, "sens_exact": M.sens_exact,
+                               "returned": "residual-kron"})
+        return self._adopt(w, workload, privacy, strategy, err, info_,  # type: ignore[return-value]
+                           bound=privacy.variance_factor * w.error_lower_bound()[0])
 
     def _marginal_optimum_applies(self, privacy: Privacy) -> bool:
         """True for the convex optimum of the total error under (eps, delta) with least-squares answers."""
@@ -355,6 +414,16 @@ class MatrixMechanism(Mechanism):
                    "unit_lower_bound": None if result.dual_bound is None else float(result.dual_bound),
                    "solver_wall_seconds": float(result.wall_seconds)},
         )
+
+    def record(self) -> dict[str, Any]:
+        """The shared record keys; after a fit through the union family also its certified bound (P times
+        `dpopt.solvers.union_bound`'s, on the total or on the largest variance, by objective)."""
+        rec = super().record()
+        low = self.fit_info_.extra.get("unit_lower_bound")
+        if self.fit_info_.extra.get("returned") == "residual-kron" and low is not None:
+            rec["certified_bound"] = self.privacy_.variance_factor * float(low)
+            rec["certified_bound_kind"] = self.fit_info_.extra["bound_kind"]
+        return rec
 
     def _baseline_objective(self, report: ErrorReport) -> float:
         """The total error, or for objective "max" the largest per-query variance over its target, max_i Var_i / c_i."""

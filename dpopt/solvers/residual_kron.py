@@ -59,7 +59,7 @@ FINAL_TOL = 1e-10
 #: Eigenvalues of a shorted factor below this times its largest are zero (they lie along phi).
 FACTOR_RANK_RTOL = 1e-12
 #: Sweeps of block descent in a block whose terms are not one Kronecker product.
-BLOCK_SWEEPS = 50
+BLOCK_SWEEPS = 8
 
 
 def _is_total(G: np.ndarray) -> bool:
@@ -280,7 +280,7 @@ class ResidualKronFamily:
                 facs[col] = f
                 tr[:, col] = [float(np.einsum("ij,ij->", row[col], f.Yp)) for row in RG]
             val = float(np.dot(b, np.prod(tr, axis=1)))
-            if last - val <= 1e-9 * val or (deadline is not None and time.perf_counter() >= deadline):
+            if last - val <= 1e-7 * val or (deadline is not None and time.perf_counter() >= deadline):
                 break
             last = val
         return [f for f in facs if f is not None], tr
@@ -342,7 +342,7 @@ def optimize_residual_kron(
     z0 = np.zeros(int(sum(size_of[g] - 1 for g in range(n_groups))))
     if optimise_bases and len(z0) and not (deadline is not None and time.perf_counter() >= deadline):
         monitor = LbfgsMonitor(z0, deadline, progress, "residual bases")
-        res = minimize_lbfgs(loss_grad, z0, monitor, maxiter=max_iter, ftol=1e-12, gtol=1e-9)
+        res = minimize_lbfgs(loss_grad, z0, monitor, maxiter=max_iter, ftol=1e-10, gtol=1e-7)
         nit, stopped, status_ok = int(res.nit), monitor.stopped, bool(res.success)
     final_family = ResidualKronFamily(terms, tol=tol)
     final = final_family.evaluate(best["point"].phis)

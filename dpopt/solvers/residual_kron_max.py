@@ -114,7 +114,7 @@ def family_dual(V: np.ndarray, p: np.ndarray) -> float:
     return float(np.sqrt(np.clip(V.T @ (p / p.sum()), 0.0, None)).sum()) ** 2
 
 
-def max_weights(V: np.ndarray, tol: float = 1e-6, deadline: float | None = None,
+def max_weights(V: np.ndarray, tol: float = 1e-4, deadline: float | None = None,
                 progress: Progress | None = None) -> tuple[np.ndarray, np.ndarray, float, float, str]:
     """z minimising max_q (V z)_q sum_A 1/z_A (normalised to sum 1/z = 1), the row distribution p of its
     certificate, the value, the certified lower bound and a status (module docstring)."""
@@ -160,7 +160,7 @@ def max_weights(V: np.ndarray, tol: float = 1e-6, deadline: float | None = None,
 
 
 def optimize_residual_kron_max(
-    workload: Workload, *, tol: float = 1e-6, bound: bool = True, deadline: float | None = None,
+    workload: Workload, *, tol: float = 1e-4, bound: bool = True, deadline: float | None = None,
     progress: Progress | None = None,
 ) -> tuple[ResidualKronMatrix, SolverResult]:
     """The residual Kronecker strategy with the least largest per-query variance (module docstring).

@@ -158,8 +158,12 @@ def product_dual_bound(terms: UnionTerms, members: list[int] | None = None, *, m
         zs = np.split(z, cuts)
         return [np.exp(zs[g] - zs[g].max()) for g in group]
 
+    t_first = time.perf_counter()
     first = dual.evaluate(us(np.zeros(sum(size_of.values()))), gradient=False)
+    cost = 3.0 * (time.perf_counter() - t_first)  # an evaluation with eigenvectors and gradient, about
     best = {"bound": first.bound, "svd": first.bound}
+    if deadline is not None:  # as many iterations (about two evaluations each) as end within the deadline
+        max_iter = min(max_iter, int((deadline - time.perf_counter()) / (2.0 * cost)))
 
     def loss_grad(z: np.ndarray) -> tuple[float, np.ndarray]:
         p = dual.evaluate(us(z))
