@@ -52,13 +52,15 @@ def _children_cpu() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-def run_module(module: str, args: list[str], budget: float, mem_limit_bytes: int = 0) -> ChildRun:
+def run_module(module: str, args: list[str], budget: float, mem_limit_bytes: int = 0,
+               python: str | None = None) -> ChildRun:
     """`python -m module *args` from the repository root; killed with its process group after `budget` s.
 
     mem_limit_bytes > 0 caps the child's address space (RLIMIT_AS), so a run that would exhaust a shared
-    machine fails instead. CPU seconds are counted also for a killed run.
+    machine fails instead. CPU seconds are counted also for a killed run. python: another interpreter (a
+    benchmark-only environment) instead of this one.
     """
-    cmd = [sys.executable, "-m", module, *args]
+    cmd = [python or sys.executable, "-m", module, *args]
     env = dict(os.environ, **ONE_THREAD)
 
     def cap() -> None:

@@ -200,6 +200,7 @@ def test_largest_variance_recomputed_from_dense_matrices(factor):
     Wd = W.matrix()
     dense = np.einsum("ij,jk,ik->i", Wd, np.linalg.pinv(A.T @ A, hermitian=True), Wd)
     dense_max = dense.max() * np.linalg.norm(A, axis=0).max() ** 2
+    assert np.sum(M.weights**2) == pytest.approx(1.0, rel=1e-12)  # unit factors: sensitivity^2 <= sum w_A^2 = 1
     assert res.fun * (1 + RTOL) >= dense_max  # fun is at sensitivity 1; the exact sensitivity is at most 1
     # the certified factors have unit diagonals where their multipliers are positive (here everywhere): the exact
     # sensitivity is 1 up to the factor solves' relative gap 1e-10, well inside 1e-6

@@ -155,7 +155,7 @@ def max_weights(V: np.ndarray, tol: float = 1e-4, deadline: float | None = None,
             status = CONVERGED
             break
     z_full = np.zeros(V.shape[1])
-    z_full[live] = best["z"] / float(np.sum(1.0 / best["z"]))
+    z_full[live] = best["z"] * float(np.sum(1.0 / best["z"]))  # sum_A 1 / z_A = 1: sensitivity at most 1
     return z_full, best["p"] / float(best["p"].sum()), best["value"], best["lower"], status
 
 
