@@ -44,11 +44,9 @@ workload specs:
   wrange:MxN[:seed=S]  wdiscrete:MxN[:seed=S][:off=-1|0]  wrelated:MxN:s=S[:seed=S]
   wtau:MxN:tau=T[:seed=S]  marginals:N1xN2x...:K (all K-way marginals, e.g. marginals:16x16x16x16:2)
   marginals:N1xN2x...:K,K,...[:prefix|:range] (every K-way subset; with a suffix, Prefix or AllRange
-  queries on the subset's attributes and the total on the others: a union of Kronecker products, e.g.
-  marginals:32x32x32:1,2:prefix)
+  queries on its attributes and the total on the others, e.g. marginals:32x32x32:1,2:prefix)
   kron:SPEC,SPEC,...  (Kronecker product, e.g. kron:allrange:64,allrange:32)
-  union:SPEC|SPEC|... (the specs' queries stacked over the same cells, e.g.
-  union:marginals:8x8x8:1:range|marginals:8x8x8:2:prefix)
+  union:SPEC|SPEC|... (the specs' rows stacked over the same cells, e.g. union:prefix:64|allrange:64)
   npy:PATH (a dense W saved with numpy.save)  gram-npy:PATH[:m=M] (a saved W^T W of M queries; without
   m the query count is unknown, so RMSE and max_query_std are not reported)
   marginals:PATH.json:K (all K-way marginals over a domain file {"attribute": size, ...})

@@ -245,11 +245,11 @@ class MatrixMechanism(Mechanism):
     def _union_family_applies(self, workload: Workload | np.ndarray, privacy: Privacy) -> bool:
         """True for the convex optimum under (eps, delta), least squares and no targets, on a union of two or more
         Kronecker products over two or more attributes (not marginals) with more than UNION_DENSE_MAX_CELLS cells."""
-        if not isinstance(workload, Workload) or self.strategy != "optimal" or self.inference != "ls":
+        if not isinstance(workload, Stack) or self.strategy != "optimal" or self.inference != "ls":
             return False
         if self.targets is not None or privacy.is_pure or isinstance(workload, Marginals):
             return False
-        w = kron_form(workload)
+        w = workload
         return (isinstance(w, Stack) and w.kron_parts and len(w.parts) > 1 and w.n_factors > 1
                 and w.n > UNION_DENSE_MAX_CELLS)
 

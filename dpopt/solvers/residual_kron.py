@@ -13,8 +13,8 @@ for every A subset of S_k,
 and a strategy that measures the blocks separately, block A with unit-sensitivity factors Y_{A,i} and weight
 w_A^2, has error sum_A L_A / w_A^2, L_A = sum_k b_kA prod_{i in A} trace(M_i^T G_ki M_i Y_{A,i}^+), and
 sensitivity^2 at most sum_A w_A^2 (the triangle inequality, exact where every factor has unit diagonal):
-w_A^2 proportional to sqrt(L_A) gives the total (sum_A sqrt(L_A))^2, QuerySmasher's (Section 6) and
-ResidualPlanner's Cauchy-Schwarz budget.
+w_A^2 proportional to sqrt(L_A) gives the total (sum_A sqrt(L_A))^2: the Cauchy-Schwarz budget of ResidualPlanner
+(Xiao et al. NeurIPS 2023) and of QuerySmasher's assembly step (cmla-psu/QuerySmasherMatrixMechanism, 2026).
 
 Within a block. When the block's terms are one Kronecker product (their factors on A agree up to scale), the
 product of the per-attribute optima of
@@ -138,13 +138,17 @@ def value_gradient(G: np.ndarray, phi: np.ndarray, u: np.ndarray) -> np.ndarray:
 
 
 def short_onto(X: np.ndarray, phi: np.ndarray) -> np.ndarray:
-    """Y = Q (Q^T X^+ Q)^{-1} Q^T (Q an orthonormal basis of phi-perp), scaled to max diag 1: the shorted operator
-    of X onto phi-perp (Y <= X, and q^T Y^+ q = q^T X^+ q for q in phi-perp)."""
+    """Y = Q (Q^T X^+ Q)^+ Q^T (Q an orthonormal basis of phi-perp), scaled to max diag 1: the shorted operator
+    (Anderson and Trapp 1975) of X onto phi-perp (Y <= X, and q^T Y^+ q = q^T X^+ q for q in phi-perp and in the range
+    of X)."""
     Q = sla.null_space(phi[None, :])
     lam, V = np.linalg.eigh((X + X.T) / 2)
     keep = lam > FACTOR_RANK_RTOL * float(lam.max())
     C = Q.T @ ((V[:, keep] / lam[keep]) @ (V[:, keep].T @ Q))
-    Y = Q @ np.linalg.solve((C + C.T) / 2, Q.T)
+    mu, E = np.linalg.eigh((C + C.T) / 2)  # C is singular where X misses part of phi-perp: pseudo-inverse there
+    live = mu > FACTOR_RANK_RTOL * float(mu.max())
+    QE = Q @ E[:, live]
+    Y = (QE / mu[live]) @ QE.T
     Y = (Y + Y.T) / 2
     return Y / float(np.diag(Y).max())
 
@@ -189,7 +193,9 @@ class FamilyPoint:
 
 
 class ResidualKronFamily:
-    """The residual Kronecker family of a union of Kronecker products (module docstring) as a function of the bases."""
+    """The residual Kronecker family as a function of the bases (module docstring): QuerySmasher's per-subset
+    decomposition with certified seed 002 factors and the ResidualPlanner budget, blocks of several terms by HDMM's
+    block descent."""
 
     def __init__(self, terms: UnionTerms, tol: float = SEARCH_TOL) -> None:
         self.terms = terms
@@ -287,12 +293,12 @@ class ResidualKronFamily:
 
 
 def orthogonal_bases(sizes: tuple[int, ...]) -> list[np.ndarray]:
-    """phi_i = 1 / n_i: ResidualPlanner's orthogonal residual basis."""
+    """phi_i = 1 / n_i: ResidualPlanner's orthogonal residual basis (Xiao et al. NeurIPS 2023)."""
     return [np.full(n, 1.0 / n) for n in sizes]
 
 
 def residual_strategy(point: FamilyPoint, sizes: tuple[int, ...]) -> ResidualKronMatrix:
-    """The family's strategy at a point: part A with its factors and weight w_A, w_A^2 = sqrt(L_A) / sum_B sqrt(L_B)."""
+    """The family's strategy at a point, with ResidualPlanner's Cauchy-Schwarz weights w_A^2 = sqrt(L_A) / sum_B sqrt(L_B)."""
     live = [A for A in point.L if point.L[A] > 0]
     roots = np.array([math.sqrt(point.L[A]) for A in live])
     w = np.sqrt(roots / roots.sum())
@@ -304,7 +310,8 @@ def optimize_residual_kron(
     workload: Workload, *, optimise_bases: bool = True, max_iter: int = 200, search_tol: float = SEARCH_TOL,
     tol: float = FINAL_TOL, deadline: float | None = None, progress: Progress | None = None,
 ) -> tuple[ResidualKronMatrix, SolverResult]:
-    """The residual Kronecker strategy of a union of Kronecker products (module docstring) and its SolverResult.
+    """The residual Kronecker strategy of a union of Kronecker products (QuerySmasher's decomposition on oblique
+    bases found by L-BFGS, seed 002 factors; module docstring) and its SolverResult.
 
     Bases from the orthogonal ones by L-BFGS on log (sum_A sqrt(L_A))^2 (one base per attribute group) unless
     optimise_bases is False; the final factors are solved to relative gap `tol`. deadline (a

@@ -110,14 +110,16 @@ def variance_rows(M: ResidualKronMatrix, terms: list[tuple[float, list[np.ndarra
 
 
 def family_dual(V: np.ndarray, p: np.ndarray) -> float:
-    """(sum_A sqrt((V^T p)_A))^2: for a distribution p over rows, a lower bound on min_z max_q (V z)_q sum_A 1/z_A."""
+    """(sum_A sqrt((V^T p)_A))^2 (Cauchy-Schwarz, as in ResidualPlanner's budget): for a distribution p over rows, a
+    lower bound on min_z max_q (V z)_q sum_A 1/z_A."""
     return float(np.sqrt(np.clip(V.T @ (p / p.sum()), 0.0, None)).sum()) ** 2
 
 
 def max_weights(V: np.ndarray, tol: float = 1e-4, deadline: float | None = None,
                 progress: Progress | None = None) -> tuple[np.ndarray, np.ndarray, float, float, str]:
-    """z minimising max_q (V z)_q sum_A 1/z_A (normalised to sum 1/z = 1), the row distribution p of its
-    certificate, the value, the certified lower bound and a status (module docstring)."""
+    """ResidualPlanner's max-variance budget (Xiao et al. 2023) over the family's parts: z minimising
+    max_q (V z)_q sum_A 1/z_A (normalised to sum 1/z = 1), the row distribution p of its certificate, the value,
+    the certified lower bound and a status (module docstring)."""
     live = V.max(axis=0) > 0
     Vl = V[:, live]
     y = -0.5 * np.log(np.maximum(Vl.mean(axis=0), np.finfo(float).tiny))  # start: z_A ~ 1 / sqrt(mean column)
@@ -163,7 +165,8 @@ def optimize_residual_kron_max(
     workload: Workload, *, tol: float = 1e-4, bound: bool = True, deadline: float | None = None,
     progress: Progress | None = None,
 ) -> tuple[ResidualKronMatrix, SolverResult]:
-    """The residual Kronecker strategy with the least largest per-query variance (module docstring).
+    """The residual Kronecker strategy with the least largest per-query variance (ResidualPlanner's max objective over
+    the family of `dpopt.solvers.residual_kron`; module docstring).
 
     The factors and bases are the sum family's (`optimize_residual_kron`) for the workload, then for its terms
     reweighted by their largest variances (REWEIGHT_ROUNDS rounds); for each, the parts' weights minimise the

@@ -55,7 +55,7 @@ def _thin(G: np.ndarray) -> np.ndarray:
 
 
 def parts_bound(terms: UnionTerms, members: list[int] | None = None) -> float:
-    """sum_k a_k prod_i l_ki over the terms (all, or `members`): the certified optima of the terms alone."""
+    """sum_k a_k prod_i l_ki over the terms (all, or `members`): the certified seed 002 optima of the terms alone."""
     memo: dict[bytes, float] = {}
 
     def factor(G: np.ndarray) -> float:
@@ -84,7 +84,8 @@ class DualPoint:
 
 
 class ProductDual:
-    """||W D_u^{1/2}||_*^2 / sum(u) at product multipliers, through the blocks Z_k Z_l^T (module docstring)."""
+    """Seed 002's Lagrangian dual ||W D_u^{1/2}||_*^2 / sum(u) at product multipliers, through the blocks Z_k Z_l^T
+    (module docstring)."""
 
     def __init__(self, terms: UnionTerms, members: list[int] | None = None) -> None:
         self.terms = terms
@@ -147,7 +148,8 @@ def _contract_except(R: np.ndarray, Cs: list[np.ndarray], keep: int, d: int) -> 
 
 def product_dual_bound(terms: UnionTerms, members: list[int] | None = None, *, max_iter: int = 60,
                        deadline: float | None = None, progress: Progress | None = None) -> tuple[float, dict[str, Any]]:
-    """The best product dual found by L-BFGS on log u from u = 1 (the SVD bound), and how it went."""
+    """The best seed 002 dual at product multipliers found by L-BFGS on log u from u = 1 (the SVD bound, seed 004
+    Def. 4.1), and how it went."""
     dual = ProductDual(terms, members)
     group = terms.groups()
     n_groups = max(group) + 1
@@ -202,7 +204,7 @@ def _groups(terms: UnionTerms, max_rows: int) -> list[list[int]]:
 
 def union_lower_bound(workload_terms: UnionTerms, *, max_rows: int = MAX_DUAL_ROWS, max_iter: int = 60,
                       deadline: float | None = None, progress: Progress | None = None) -> tuple[float, dict[str, Any]]:
-    """The tightest of the module's certified bounds on min trace(W^T W X^+) s.t. diag(X) <= 1, and its parts.
+    """The tightest of the module's certified bounds on seed 002's min trace(W^T W X^+) s.t. diag(X) <= 1, and its parts.
 
     Returns (bound, info) with info["parts"] (sum of the terms' optima), info["svd_bound"] (the product dual at
     u = 1, when the union fits one dual), info["kind"] naming the bound returned, and the group sizes.
