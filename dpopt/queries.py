@@ -32,6 +32,7 @@ from dpopt.workloads import (
     Stack,
     Workload,
     WorkloadTooLargeError,
+    flat_stack,
     range_rows,
 )
 
@@ -401,16 +402,7 @@ def stack_workloads(workloads: Sequence[Workload], name: str | None = None) -> W
     for p in parts[1:]:
         check_domain(p, domain)
     labels = [lab for p in parts for lab in p.row_labels()]
-    blocks: list[Workload] = []
-    weights: list[float] = []
-    for p in parts:
-        if isinstance(p, Stack):
-            blocks.extend(p.parts)
-            weights.extend(float(w) for w in p.weights)
-        else:
-            blocks.append(p)
-            weights.append(1.0)
-    return Stack(blocks, weights, name=name or "+".join(p.name for p in parts)).bind(domain, labels)
+    return flat_stack(parts, name=name or "+".join(p.name for p in parts)).bind(domain, labels)
 
 
 def check_domain(workload: Workload, domain: Domain) -> None:

@@ -27,7 +27,6 @@ from dpopt.workloads import (
     Kron,
     Marginals,
     Prefix,
-    Stack,
     Total,
     WDiscrete,
     WidthK,
@@ -35,6 +34,7 @@ from dpopt.workloads import (
     WRange,
     WRelated,
     WTau,
+    flat_stack,
     kron_marginals,
 )
 
@@ -360,16 +360,7 @@ def _union(rest: str, spec: str) -> Workload:
     if len({w.n for w in parts}) != 1:
         cells = ", ".join(f"{w.name}: {w.n}" for w in parts)
         raise SpecError(f"union parts must have the same number of cells in spec {spec!r}; got {cells}")
-    blocks: list[Workload] = []
-    weights: list[float] = []
-    for w in parts:
-        if isinstance(w, Stack):
-            blocks.extend(w.parts)
-            weights.extend(float(v) for v in w.weights)
-        else:
-            blocks.append(w)
-            weights.append(1.0)
-    return Stack(blocks, weights, name="union(" + "|".join(w.name for w in parts) + ")")
+    return flat_stack(parts, name="union(" + "|".join(w.name for w in parts) + ")")
 
 
 def _domain_marginal_orders(domain: Domain, arg: str, part: str) -> Workload:

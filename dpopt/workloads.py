@@ -947,6 +947,21 @@ class Stack(Workload):
         return [f"{p.name}:{lab}" for p in self.parts for lab in p.row_labels()]
 
 
+def flat_stack(workloads: Sequence[Workload], name: str | None = None) -> Stack:
+    """The workloads' rows one after another as one Stack, stacked parts flattened (weights kept), so that a union
+    of unions of Kronecker products is again one."""
+    blocks: list[Workload] = []
+    weights: list[float] = []
+    for w in workloads:
+        if isinstance(w, Stack):
+            blocks.extend(w.parts)
+            weights.extend(float(v) for v in w.weights)
+        else:
+            blocks.append(w)
+            weights.append(1.0)
+    return Stack(blocks, weights, name=name)
+
+
 class _Ones(Total):
     """The 1 x n all-ones query used to sum out an attribute inside a marginal."""
 
