@@ -3,7 +3,8 @@
 Not part of dpopt and never imports it: it imports QuerySmasher (cmla-psu/QuerySmasherMatrixMechanism, modules
 `query` and `smasher`) or ResidualPlanner+ (cmla-psu/ResidualPlannerPlus, package `resplan`) from the source
 folder given by --src, builds the union (every K-way subset with a Prefix or AllRange factor on its attributes,
-the total on the others), runs the tool's own optimiser and prints one JSON line: the tool's own objective
+the total on the others), runs the tool's own optimiser (ResPlanMax's convex model with Clarabel, not the Gurobi its
+cvxpy call would pick, whose size-limited licence refuses the larger rows) and prints one JSON line: the tool's own objective
 value (its total or largest per-query variance at privacy cost 1, i.e. Gaussian sigma 1 per unit L2
 sensitivity), CPU and wall seconds of the optimisation, and the process's peak resident memory.
 
@@ -66,6 +67,11 @@ def run_rpp(src: str, objective: str, sizes: list[int], subsets: list[tuple[int,
     sys.argv = sys.argv[:1]  # resplan.softmax parses the command line when ResPlanMax runs
     from resplan import ResPlanMax, ResPlanSum
 
+    if objective == "max":  # ResPlanMax's cvxpy model would go to Gurobi, whose size-limited licence refuses
+        import cvxpy as cp  # the larger rows; Clarabel (installed with cvxpy) solves the same model
+
+        solve = cp.Problem.solve
+        cp.Problem.solve = lambda self, *a, **k: solve(self, *a, **{"solver": cp.CLARABEL, **k})
     t0, c0 = time.perf_counter(), time.process_time()
     bases = ["P" if factor == "prefix" else "R"] * len(sizes)
     system = (ResPlanSum if objective == "sum" else ResPlanMax)(sizes, bases)
