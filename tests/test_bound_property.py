@@ -177,6 +177,8 @@ def test_union_bounds_never_above_any_error(spec, monkeypatch):
     bound = family.record()["certified_bound"]
     assert bound <= dense.expected_error_.total * (1 + TOL)
     for name in MECHANISMS:
+        if name in DATA_DEPENDENT:  # no data-independent error to compare with
+            continue
         mech = _fit(name, W, privacy) if name not in SLOW else None
         if mech is not None:
             assert bound <= mech.expected_error_.total * (1 + TOL), name
