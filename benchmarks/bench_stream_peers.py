@@ -284,10 +284,15 @@ def write_tables(df: pd.DataFrame, args: argparse.Namespace, peer_note: str, opt
     if not optimal_ok:
         notes.append("The optimal family (issue 38 item 1) is not in this build: the dense rows have no dpopt side and "
                      "`bound` is empty until it lands; `make outputs` regenerates this table.")
+    shown = df.copy()
+    shown["peer_steps"] = ["" if pd.isna(v) else str(int(v)) for v in pd.to_numeric(shown["peer_steps"], errors="coerce")]
+    for col in NUMERIC:
+        shown[col] = ["" if pd.isna(v) else f"{v:.4g}" for v in shown[col]]
+    shown = shown.astype(object).where(shown.notna(), "")
     doc = __doc__.split("\n\n")
     text = (f"# Streaming factorizations beside jax-privacy (issue 38 item 5)\n\n`{cmd} --jax-python PATH`\n\n"
             f"{doc[1]}\n\n```\n{doc[2]}\n```\n\n{' '.join(doc[3].split())}\n\n{' '.join(doc[4].split())}\n\n"
-            f"{' '.join(notes)}\n\n{pipe_table(df.fillna(''), COLUMNS)}\n")
+            f"{' '.join(notes)}\n\n{pipe_table(shown, COLUMNS)}\n")
     (RESULTS / "stream_peers.md").write_text(text)
     return text
 
@@ -303,6 +308,8 @@ def main() -> None:
     ap.add_argument("--classes", default=",".join(CLASSES), help=f"classes of the rows (default {','.join(CLASSES)})")
     ap.add_argument("--jax-python", default=os.environ.get("DPOPT_JAX_PYTHON"),
                     help="python of a venv with jax-privacy (default $DPOPT_JAX_PYTHON); without it, dpopt only")
+    ap.add_argument("--require-peer", action="store_true",
+                    help="exit 2 when jax-privacy cannot be run (a committed table is never written without it)")
     ap.add_argument("--peer-cpu-cap", type=float, default=DEFAULT_CAP,
                     help=f"CPU seconds of one peer optimisation (default {DEFAULT_CAP:g})")
     ap.add_argument("--time-limit", type=float, default=1800.0, help="dpopt's time limit per fit (wall s, default 1800)")
@@ -330,6 +337,8 @@ def main() -> None:
         args.cache.mkdir(parents=True, exist_ok=True)
     ok, peer_note = peer_available(args.jax_python)
     python = args.jax_python if ok else None
+    if not ok and args.require_peer:
+        ap.error(f"--require-peer: jax-privacy cannot be run: {peer_note}")
     if not ok:
         print(f"jax-privacy not available ({peer_note}): running dpopt's side only", file=sys.stderr, flush=True)
         peer_note = f"not run ({peer_note}); dpopt's side only"
