@@ -229,7 +229,13 @@ def measure_row(cls: str, n: int, k: int, objective: str, args: argparse.Namespa
     peer = json.loads(peer_path.read_text()) if peer_path is not None and peer_path.is_file() else None
     ours = json.loads(ours_path.read_text()) if ours_path is not None and ours_path.is_file() else None
     can_ours = spec != "optimal" or optimal_ok
-    peers, runs, C = side_runs(cls, n, k, objective, args, python if peer is None else None, can_ours and ours is None)
+    if args.cached_only:  # a table from the finished rows only: a side not in the cache is marked, not run
+        peers, runs, C = [], [], None
+        peer = peer or ({"peer_status": "not run"} if python else None)
+        ours = ours or ({"ours_status": "not run"} if can_ours else None)
+    else:
+        peers, runs, C = side_runs(cls, n, k, objective, args, python if peer is None else None,
+                                   can_ours and ours is None)
     if peers:
         peer = peer_side(peers, C, n, k, objective)
         if peer_path is not None and "peer_loss" in peer:
@@ -272,14 +278,30 @@ COLUMNS = ["n", "epochs", "objective", "class", "ours", "peer_loss", "peer_own_l
            "peer_above_bound", "peer_peak_mb", "ours_peak_mb", "peer_wall", "ours_wall", "runs", "load_1min"]
 
 
+def command_args(argv: list[str]) -> list[str]:
+    """The arguments as given, the peer's interpreter shown as PATH and the cache folder left out."""
+    out, skip = [], None
+    for a in argv:
+        if skip:
+            out += ["PATH"] if skip == "--jax-python" else []
+            skip = None
+        elif a in ("--jax-python", "--cache"):
+            skip = a
+            out += [a] if a == "--jax-python" else []
+        elif a.startswith(("--jax-python=", "--cache=")):
+            out += ["--jax-python PATH"] if a.startswith("--jax-python") else []
+        else:
+            out.append(a)
+    return out
+
+
 def write_tables(df: pd.DataFrame, args: argparse.Namespace, peer_note: str, optimal_ok: bool) -> str:
     RESULTS.mkdir(parents=True, exist_ok=True)
     df = df.reindex(columns=list(dict.fromkeys(COLUMNS + list(df.columns))))
     for col in NUMERIC:
         df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
     df.to_csv(RESULTS / "stream_peers.csv", index=False)
-    cmd = "python -m benchmarks.bench_stream_peers" + (" --quick" if args.quick else "") + \
-        ("" if args.peer_cpu_cap == DEFAULT_CAP else f" --peer-cpu-cap {args.peer_cpu_cap:g}")
+    cmd = " ".join(["python -m benchmarks.bench_stream_peers", *command_args(sys.argv[1:])])
     notes = [f"Peer: {peer_note}."]
     if not optimal_ok:
         notes.append("The optimal family (issue 38 item 1) is not in this build: the dense rows have no dpopt side and "
@@ -290,7 +312,7 @@ def write_tables(df: pd.DataFrame, args: argparse.Namespace, peer_note: str, opt
         shown[col] = ["" if pd.isna(v) else f"{v:.4g}" for v in shown[col]]
     shown = shown.astype(object).where(shown.notna(), "")
     doc = __doc__.split("\n\n")
-    text = (f"# Streaming factorizations beside jax-privacy (issue 38 item 5)\n\n`{cmd} --jax-python PATH`\n\n"
+    text = (f"# Streaming factorizations beside jax-privacy (issue 38 item 5)\n\n`{cmd}`\n\n"
             f"{doc[1]}\n\n```\n{doc[2]}\n```\n\n{' '.join(doc[3].split())}\n\n{' '.join(doc[4].split())}\n\n"
             f"{' '.join(notes)}\n\n{pipe_table(shown, COLUMNS)}\n")
     (RESULTS / "stream_peers.md").write_text(text)
@@ -318,6 +340,8 @@ def main() -> None:
     ap.add_argument("--repeat-below", type=float, default=120.0,
                     help="repeat a row only while every run took under this many CPU seconds (default 120)")
     ap.add_argument("--cache", type=Path, default=None, help="folder of finished rows (resume; run in pieces)")
+    ap.add_argument("--cached-only", action="store_true",
+                    help="with --cache: write the table from the rows in the cache, marking the others 'not run'")
     ap.add_argument("--quick", action="store_true", help="n = 128, k in {1, 4}, mean loss, one round, a 120 s peer cap")
     ap.add_argument("--one", nargs=5, metavar=("FAMILY", "N", "K", "OBJECTIVE", "TIME_LIMIT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -333,6 +357,8 @@ def main() -> None:
         ap.error(f"--classes: unknown {', '.join(unknown)}; choose from {', '.join(CLASSES)}")
     if args.peer_cpu_cap <= 0 or args.time_limit <= 0 or args.budget <= 0:
         ap.error("--peer-cpu-cap, --time-limit and --budget must be positive")
+    if args.cached_only and args.cache is None:
+        ap.error("--cached-only needs --cache DIR")
     if args.cache is not None:
         args.cache.mkdir(parents=True, exist_ok=True)
     ok, peer_note = peer_available(args.jax_python)
