@@ -295,6 +295,21 @@ def command_args(argv: list[str]) -> list[str]:
     return out
 
 
+def goals(df: pd.DataFrame) -> str:
+    """The issue's two goals, counted over the rows that have both sides."""
+    both = df.dropna(subset=["loss_ratio"])
+    above = both[both["loss_ratio"] > 1.0]
+    text = (f"Goal 1, every dpopt row at or below the peer's loss: {len(both) - len(above)} of {len(both)} rows with "
+            "both sides")
+    if len(above):
+        text += "; above in " + ", ".join(f"{r['class']} n={r['n']} k={r['epochs']} {r['objective']} "
+                                          f"(ratio {r['loss_ratio']:.6g})" for r in above.to_dict("records"))
+    dense = df[df["class"] == "dense"].dropna(subset=["cpu_ratio"])
+    text += (f". Goal 2, >= 10x less CPU for the dense optimum: {int((dense['cpu_ratio'] >= 10).sum())} of "
+             f"{len(dense)} dense rows with both sides.")
+    return text
+
+
 def write_tables(df: pd.DataFrame, args: argparse.Namespace, peer_note: str, optimal_ok: bool) -> str:
     RESULTS.mkdir(parents=True, exist_ok=True)
     df = df.reindex(columns=list(dict.fromkeys(COLUMNS + list(df.columns))))
@@ -306,6 +321,7 @@ def write_tables(df: pd.DataFrame, args: argparse.Namespace, peer_note: str, opt
     if not optimal_ok:
         notes.append("The optimal family (issue 38 item 1) is not in this build: the dense rows have no dpopt side and "
                      "`bound` is empty until it lands; `make outputs` regenerates this table.")
+    notes.append(goals(df))
     shown = df.copy()
     shown["peer_steps"] = ["" if pd.isna(v) else str(int(v)) for v in pd.to_numeric(shown["peer_steps"], errors="coerce")]
     for col in NUMERIC:
