@@ -41,6 +41,7 @@ import argparse
 import json
 import os
 import resource
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -217,7 +218,7 @@ def ours_side(ours: list[dict]) -> dict:
             "ours_cpu": statistics.median(o["cpu_seconds"] for o in done),
             "ours_wall": statistics.median(o["fit_seconds"] for o in done),
             "ours_child_cpu": statistics.median(o["child_cpu_seconds"] for o in done),
-            "ours_peak_mb": statistics.median(o["peak_mb"] for o in done)}
+            "ours_peak_mb": statistics.median(o["peak_mb"] for o in done), "ours_load_1min": os.getloadavg()[0]}
 
 
 def measure_row(cls: str, n: int, k: int, objective: str, args: argparse.Namespace, python: str | None,
@@ -254,7 +255,8 @@ def measure_row(cls: str, n: int, k: int, objective: str, args: argparse.Namespa
         row["loss_ratio"] = row["ours_loss"] / row["peer_loss"]
     if row.get("peer_cpu") and row.get("ours_cpu"):
         row["cpu_ratio"] = row["peer_cpu"] / row["ours_cpu"]
-    row["load_1min"] = os.getloadavg()[0]
+    # the machine's load when the row was measured (the peer's side first), else now
+    row["load_1min"] = row.get("peer_load_1min", row.get("ours_load_1min", os.getloadavg()[0]))
     return row
 
 
@@ -319,7 +321,7 @@ def write_tables(df: pd.DataFrame, args: argparse.Namespace, peer_note: str, opt
     for col in NUMERIC:
         df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
     df.to_csv(RESULTS / "stream_peers.csv", index=False)
-    cmd = " ".join(["python -m benchmarks.bench_stream_peers", *command_args(sys.argv[1:])])
+    cmd = "python -m benchmarks.bench_stream_peers " + shlex.join(command_args(sys.argv[1:]))
     notes = [f"Peer: {peer_note}."]
     if not optimal_ok:
         notes.append("The optimal family (issue 38 item 1) is not in this build: the dense rows have no dpopt side and "
