@@ -7,6 +7,7 @@ the whole group is killed (SIGKILL), so solver threads or grandchildren cannot o
 
 from __future__ import annotations
 
+import math
 import os
 import resource
 import signal
@@ -60,15 +61,29 @@ def run_module(module: str, args: list[str], budget: float, mem_limit_bytes: int
     machine fails instead. CPU seconds are counted also for a killed run. python: another interpreter (a
     benchmark-only environment) instead of this one.
     """
-    cmd = [python or sys.executable, "-m", module, *args]
-    env = dict(os.environ, **ONE_THREAD)
+    return run_command([python or sys.executable, "-m", module, *args], budget, mem_limit_bytes)
 
-    def cap() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (mem_limit_bytes, mem_limit_bytes))
+
+def run_command(cmd: list[str], budget: float, mem_limit_bytes: int = 0, env: dict[str, str] | None = None,
+                cpu_limit: float = 0.0) -> ChildRun:
+    """Any command (another interpreter, a script) from the repository root, as `run_module` runs a module.
+
+    env is added to the one-thread environment; cpu_limit > 0 sets RLIMIT_CPU, so the kernel ends the child after
+    that many CPU seconds (SIGXCPU, then SIGKILL 10 s later) whatever the machine's load.
+    """
+    env = dict(os.environ, **ONE_THREAD, **(env or {}))
+
+    def limits() -> None:
+        if mem_limit_bytes > 0:
+            resource.setrlimit(resource.RLIMIT_AS, (mem_limit_bytes, mem_limit_bytes))
+        if cpu_limit > 0:
+            soft = max(1, math.ceil(cpu_limit))
+            resource.setrlimit(resource.RLIMIT_CPU, (soft, soft + 10))
 
     t0, cpu0 = time.perf_counter(), _children_cpu()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
-                            start_new_session=True, preexec_fn=cap if mem_limit_bytes > 0 else None)
+                            start_new_session=True,
+                            preexec_fn=limits if (mem_limit_bytes > 0 or cpu_limit > 0) else None)
     try:
         out, err = proc.communicate(timeout=budget)
         code: int | None = proc.returncode

@@ -60,6 +60,7 @@ OUTPUTS: tuple[Output, ...] = (
     _notebook("solver_crossval", 0.5),
     _notebook("lrm_experiments", 2.0),
     _notebook("om_experiments", 2.0),
+    _notebook("streaming", 0.2),
     _bench("mechanisms", ("mechanisms_summary.md", "mechanisms_lrm_vs_n.csv", "mechanisms_wtau.csv",
                           "mechanisms_ranges.csv"), 0.2),
     _bench("mechanisms_full", ("mechanisms_summary_full.md", "mechanisms_ranges_full.csv"), 4.0, "--full",
@@ -96,6 +97,8 @@ OUTPUTS: tuple[Output, ...] = (
            module="streaming_optimal"),
     _bench("hdmm_opt0", ("hdmm_opt0.md", "hdmm_opt0.csv"), 4.0),
     _bench("hdmm_ladder", ("hdmm_ladder.md", "hdmm_ladder.csv"), 3.0),
+    # the peer's venv from $DPOPT_JAX_PYTHON (the benchmark's docstring says how to make it); refused without it
+    _bench("stream_peers", ("stream_peers.md", "stream_peers.csv"), 16.0, "--require-peer"),
 )
 # Not regenerated here: lrm_paper_scale.md and om_paper_scale.md (and their folders), the papers' figures at
 # full size through `dpopt reproduce ... --full` (days of CPU); their headers give the commands.

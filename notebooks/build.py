@@ -507,6 +507,123 @@ def solver_crossval() -> list:
     ]
 
 
+def streaming() -> list:
+    return [
+        new_markdown_cell(
+            "# Streaming factorizations: continual counting and training with correlated noise\n\n"
+            "A stream of n steps, a data vector x (one value per step: a count, or a clipped gradient sum), and a "
+            "workload A that is lower triangular: prefix sums here, the running totals (A x)_t = x_1 + ... + x_t "
+            "that continual counting and DP-FTRL release. The matrix mechanism factors A = B C with C lower "
+            "triangular too, releases C x + z step by step (step t uses only x_1..x_t) and decodes with B, so the "
+            "answers carry the noise B z = A C^-1 z. At unit noise (z ~ N(0, I)) the per-step variance is\n\n"
+            "    Var_t = sens^2 ||B_t||^2,    mean loss = sens^2 ||B||_F^2 / n,    max loss = max_t Var_t,\n\n"
+            "with sens^2 the largest change of ||C x||^2 one user can cause. A user who contributes once "
+            "(k = 1 epoch) moves one step: sens^2 = max_j ||C_j||^2. Over k epochs of b = n / k steps a user "
+            "contributes at steps r, r + b, ..., r + (k - 1) b, and sens^2 = max_pi max{<X_pi, Gamma> : Gamma PSD, "
+            "diag Gamma <= 1} with X = C^T C and X_pi its k x k block on the pattern pi (issue 38; Choquette-Choo et "
+            "al. 2023).\n\n"
+            "This notebook fits dpopt's families on prefix sums: the square root C = A^(1/2), the best Toeplitz C, "
+            "the best banded C (BandMF), the buffered linear Toeplitz C (BLT, K buffers) and, where this build has "
+            "it, the certified optimum over every factorization. Set `DPOPT_NB_SCALE=small` for a seconds-long run."
+        ),
+        new_code_cell(SETUP),
+        new_code_cell(
+            "from dpopt.streaming.base import decoder\n"
+            "from dpopt.streaming.families import FAMILIES\n"
+            "from dpopt.streaming.participation import Participation\n"
+            "from dpopt.workloads import Prefix\n\n"
+            "n = 64 if SMALL else 1024\n"
+            "K_EPOCHS = 4\n"
+            "w = n // K_EPOCHS  # bandwidth w = b = n / k: the banded sensitivity is then exact\n"
+            "A = Prefix(n)\n"
+            "SPECS = {'sqrt': {}, 'toeplitz': {}, f'banded:{w}': {'bandwidth': w}, 'blt:4': {'buffers': 4}}\n"
+            "HAVE_OPTIMAL = FAMILIES.available('optimal')\n"
+            "if HAVE_OPTIMAL:\n"
+            "    SPECS['optimal'] = {}\n"
+            "else:\n"
+            "    print('the optimal family is not in this build: its rows and curves are left out')\n\n\n"
+            "def fit_all(k):\n"
+            "    \"\"\"Every family on prefix sums over n steps and k epochs (mean loss).\"\"\"\n"
+            "    p = Participation(n, k)\n"
+            "    return {spec: FAMILIES[spec.split(':')[0]](A, p, **opts) for spec, opts in SPECS.items()}\n\n\n"
+            "def table(fits):\n"
+            "    \"\"\"Losses, sensitivity and the ratio to the optimum (with its certified lower bound) per family.\"\"\"\n"
+            "    best = fits.get('optimal')\n"
+            "    rows = {}\n"
+            "    for name, f in fits.items():\n"
+            "        rows[name] = {'mean loss': f.mean_loss, 'max loss': f.max_loss, 'sens^2': f.sensitivity,\n"
+            "                      'status': f.status, 'fit seconds': round(f.fit_seconds, 3)}\n"
+            "        if best is not None:\n"
+            "            rows[name]['ratio to optimum'] = f.mean_loss / best.mean_loss\n"
+            "            rows[name]['lower bound'] = best.lower_bound\n"
+            "    return pd.DataFrame(rows).T\n\n\n"
+            "fits1 = fit_all(1)\n"
+            "table(fits1)"
+        ),
+        new_markdown_cell(
+            "## One participation\n\n"
+            "The square root (Fichtenberger et al. 2023: C = A^(1/2), coefficients binom(2j, j) / 4^j) is closed "
+            "form and within a few percent of the best Toeplitz C on the mean loss; BLT with 4 buffers comes very "
+            "close to the best Toeplitz C with 8 numbers instead of n; the optimum over every factorization, where "
+            "this build has it, is lower still and certifies how far each family is from it. A band of w steps is "
+            "the weak family here: with one participation nothing asks C to forget, and a band that does pays at "
+            "every later step."
+        ),
+        new_markdown_cell(
+            "## Per-step error profiles\n\n"
+            "Var_t = sens^2 ||B_t||^2 against t, B = A C^-1 from each family's C. The square root's variance grows "
+            "like log t. The mean-optimised Toeplitz and BLT lower the early and middle steps and let the last ones "
+            "rise above the square root's: a lower mean for a higher maximum (compare the two loss columns). The "
+            "band's profile bends at t = w, where a step's noise is no longer cancelled within the band."
+        ),
+        new_code_cell(
+            "def profile(f):\n"
+            "    \"\"\"sens^2 ||B_t||^2 for t = 1..n, B = A C^-1.\"\"\"\n"
+            "    B = decoder(A.matrix(), f.C)\n"
+            "    return f.sensitivity * np.einsum('ij,ij->i', B, B)\n\n\n"
+            "def plot_profiles(ax, fits, title):\n"
+            "    t = np.arange(1, n + 1)\n"
+            "    for name, f in fits.items():\n"
+            "        ax.plot(t, profile(f), lw=2 if name == 'optimal' else 1.2, label=f'{name} (mean {f.mean_loss:.4g})')\n"
+            "    ax.set(xlabel='step t', ylabel='per-step variance sens^2 ||B_t||^2', title=title)\n"
+            "    ax.legend(fontsize=8)\n\n\n"
+            "fig, ax = plt.subplots(figsize=(8, 4.2))\n"
+            "plot_profiles(ax, fits1, f'prefix sums, n = {n}, one participation (k = 1)')\n"
+            "plt.tight_layout()\n"
+            "plt.show()\n"
+            "assert all(np.isclose(profile(f).mean(), f.mean_loss, rtol=1e-9) for f in fits1.values())"
+        ),
+        new_markdown_cell(
+            "## Several epochs\n\n"
+            "With k = 4 epochs a user's contributions are b = n / k steps apart, and the columns of C at those "
+            "steps add up in sens^2 as far as they overlap. The square root keeps a long memory and pays for it: its "
+            "blocks X_pi are non-negative, so sens^2 = 1^T X_pi 1 counts every overlap in full. The optimised "
+            "families learn to forget within about b steps; a band of w = b steps forgets exactly (X_pi is "
+            "diagonal, sens^2 = k for unit columns), and here the best Toeplitz C is such a band (the two rows "
+            "agree). BLT cannot forget exactly (its coefficients decay geometrically), and pays a little for it."
+        ),
+        new_code_cell(
+            "fits4 = fit_all(K_EPOCHS)\n"
+            "table(fits4)"
+        ),
+        new_code_cell(
+            "fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))\n"
+            "plot_profiles(axes[0], fits4, f'n = {n}, k = {K_EPOCHS} epochs')\n"
+            "t = np.arange(1, n + 1)\n"
+            "ref = fits4.get('optimal', fits4['toeplitz'])\n"
+            "for name, f in fits4.items():\n"
+            "    axes[1].plot(t, profile(f) / profile(ref), label=name)\n"
+            "for epoch in range(1, K_EPOCHS):\n"
+            "    axes[1].axvline(epoch * n // K_EPOCHS, color='grey', lw=0.5)\n"
+            "axes[1].set(xlabel='step t', ylabel='per-step variance / ' + ('optimal' if HAVE_OPTIMAL else 'toeplitz'),\n"
+            "            title='the same, relative (epoch boundaries in grey)')\n"
+            "axes[1].legend(fontsize=8)\n"
+            "plt.tight_layout()\n"
+            "plt.show()"
+        ),
+    ]
+
+
 NOTEBOOKS = {
     "quickstart": quickstart,
     "range_queries": range_queries,
@@ -514,6 +631,7 @@ NOTEBOOKS = {
     "om_experiments": om_experiments,
     "svd_bound_table2": svd_bound_table2,
     "solver_crossval": solver_crossval,
+    "streaming": streaming,
 }
 
 
