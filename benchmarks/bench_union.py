@@ -20,8 +20,8 @@ building is inside, as it is part of their optimiser's input), peak resident mem
   the domain is small enough (--dense-max-cells);
 - QuerySmasher (cmla-psu/QuerySmasherMatrixMechanism) with its convex and its Fourier solver, ResidualPlanner+
   (cmla-psu/ResidualPlannerPlus) ResPlanSum and ResPlanMax with bases P (prefix) or R (range), run by
-  `benchmarks.union_peers` in a benchmark-only environment: --peers DIR (default $DPOPT_BENCH_PEERS, else
-  /work/venvs/i40-union) must hold venv/bin/python and src/QuerySmasherMatrixMechanism, src/ResidualPlannerPlus
+  `benchmarks.union_peers` in a benchmark-only environment: --peers DIR (default $DPOPT_BENCH_PEERS) must
+  hold venv/bin/python and src/QuerySmasherMatrixMechanism, src/ResidualPlannerPlus
   (checkouts of the public repositories; src/PROVENANCE.txt, when present, names their commits). Without it
   the peer columns are empty and the table says so. Nothing of the peers is part of dpopt.
 
@@ -50,7 +50,7 @@ from benchmarks.child import run_module
 from benchmarks.tables import pipe_table
 
 RESULTS = Path(__file__).resolve().parent / "results"
-DEFAULT_PEERS = Path(os.environ.get("DPOPT_BENCH_PEERS", "/work/venvs/i40-union"))
+DEFAULT_PEERS = os.environ.get("DPOPT_BENCH_PEERS", "")
 
 #: name -> (factor, attribute sizes, orders)
 ROWS: dict[str, tuple[str, list[int], list[int]]] = {
@@ -161,8 +161,10 @@ def _repeated(args: list[str], budget: float, repeats: int, python: str | None =
     return out
 
 
-def peers(folder: Path) -> tuple[str | None, dict[str, Path], str]:
+def peers(folder: Path | None) -> tuple[str | None, dict[str, Path], str]:
     """The benchmark-only interpreter, the peers' source folders found in `folder`, and how they were found."""
+    if folder is None:
+        return None, {}, "no benchmark-only environment given (--peers or $DPOPT_BENCH_PEERS; peer columns empty)"
     python = folder / "venv" / "bin" / "python"
     found = {name: folder / "src" / repo for name, repo in
              (("qs", "QuerySmasherMatrixMechanism"), ("rpp", "ResidualPlannerPlus")) if (folder / "src" / repo).is_dir()}
@@ -305,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget", type=float, default=900.0, help="seconds per child run")
     p.add_argument("--bound-limit", type=float, default=600.0, help="seconds for each certified bound")
     p.add_argument("--dense-max-cells", type=int, default=512, help="largest domain for the dense optimum")
-    p.add_argument("--peers", type=Path, default=DEFAULT_PEERS)
+    p.add_argument("--peers", type=Path, default=Path(DEFAULT_PEERS) if DEFAULT_PEERS else None)
     p.add_argument("--out", default="union")
     a = p.parse_args(argv)
     if a.child:

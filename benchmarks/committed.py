@@ -96,6 +96,9 @@ OUTPUTS: tuple[Output, ...] = (
            "--rows", "cpu", "--threads", "1", "--repeats", "3", "--budget", "3600", "--append",
            module="streaming_optimal"),
     _bench("hdmm_opt0", ("hdmm_opt0.md", "hdmm_opt0.csv"), 4.0),
+    # QuerySmasher and ResidualPlanner+ from $DPOPT_BENCH_PEERS (the benchmark's docstring says what it holds);
+    # without it the peer columns are empty and the table says so
+    _bench("union", ("union.md", "union.csv"), 1.0, "--dense-max-cells", "4096", "--budget", "1800"),
     _bench("hdmm_ladder", ("hdmm_ladder.md", "hdmm_ladder.csv"), 3.0),
     # the peer's venv from $DPOPT_JAX_PYTHON (the benchmark's docstring says how to make it); refused without it
     _bench("stream_peers", ("stream_peers.md", "stream_peers.csv"), 16.0, "--require-peer"),
