@@ -110,7 +110,10 @@ class Workload(ABC):
         return np.asarray(self.sparse().todense(), dtype=float)
 
     def gram(self) -> np.ndarray:
-        """W^T W / exp(gram_log_scale) as a dense symmetric array (n x n)."""
+        """W^T W / exp(gram_log_scale) as a dense symmetric array (n x n); a 1-D range family by `range_gram`."""
+        bounds = self.range_bounds()
+        if bounds is not None and self.gram_log_scale == 0.0:
+            return range_gram(self.n, *bounds)
         S = self.sparse()
         return np.asarray((S.T @ S).todense(), dtype=float)
 
@@ -509,6 +512,16 @@ def range_rows(n: int, starts: np.ndarray, ends: np.ndarray) -> sp.csr_matrix:
     cols = np.repeat(starts, lengths) + offsets
     data = np.ones(len(rows))
     return sp.csr_matrix((data, (rows, cols)), shape=(len(starts), n))
+
+
+def range_gram(n: int, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """W^T W of the 0/1 rows covering cells starts[q]..ends[q]: entry (i, j), i <= j, counts the ranges with
+    start <= i and end >= j, a 2-D cumulative sum of the (start, end) counts (O(m + n^2), no sparse product)."""
+    counts = np.zeros((n, n))
+    np.add.at(counts, (np.asarray(starts), np.asarray(ends)), 1.0)
+    G = np.cumsum(counts, axis=0)[:, ::-1].cumsum(axis=1)[:, ::-1]  # G[i, j] = #{start <= i, end >= j}
+    upper = np.triu(G)
+    return upper + np.triu(G, 1).T
 
 
 def _strict_tail_sums(v: np.ndarray) -> np.ndarray:

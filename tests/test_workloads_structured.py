@@ -18,9 +18,11 @@ from dpopt.workloads import (
     Stack,
     Total,
     WidthK,
+    Workload,
     WorkloadTooLargeError,
     WRange,
     kron_form,
+    range_gram,
 )
 
 EPS = np.finfo(float).eps
@@ -213,3 +215,12 @@ def test_allrange_products_and_sensitivity_without_its_rows():
     for norm in (1, 2):  # the closed form against the scan of the rows
         assert small.max_column_norm(norm) == pytest.approx(float(column_norm_powers(small.sparse(), norm).max()) ** (
             1 / norm), rel=4 * EPS)
+
+
+@pytest.mark.parametrize("W", [Prefix(9), AllRange(7), WidthK(9, 3), WRange(40, 13, seed=5)], ids=lambda w: w.name)
+def test_range_gram_counts_equal_the_rows_product(W):
+    """W^T W of a range family by 2-D cumulative counts equals the sparse rows' product exactly (integer counts
+    below 2^53 are exact in float64)."""
+    S = W.sparse()
+    assert np.array_equal(range_gram(W.n, *W.range_bounds()), np.asarray((S.T @ S).todense()))
+    assert np.array_equal(Workload.gram(W), np.asarray((S.T @ S).todense()))
