@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from dpopt.baselines import hierarchical_strategy, wavelet_strategy
+from dpopt.baselines import hierarchical_strategy, qardaji_branching, wavelet_strategy
 from dpopt.kron_strategy import SUPPORT_RTOL, KronMatrix
 from dpopt.linalg import psd_pinv
 from dpopt.privacy import Privacy
@@ -113,11 +113,15 @@ def gaussian_factor(
     return keep_best_factor(np.asarray(A, dtype=float), res, G, norm=2, optimiser="convex-dp")
 
 
-def factor_baselines(n: int) -> dict[str, np.ndarray | sp.csr_matrix]:
-    """The baselines of the per-factor eps-DP family: identity, hierarchical and Haar wavelet (sparse, n x n or more)."""
+def factor_baselines(n: int, gaussian: bool = False) -> dict[str, np.ndarray | sp.csr_matrix]:
+    """The baselines of a factor: identity, the binary hierarchy, Qardaji et al.'s hierarchy (their branching for
+    the noise, no root; what the hierarchical mechanism measures) and Haar wavelet (sparse, n x n or more)."""
     out: dict[str, np.ndarray | sp.csr_matrix] = {"identity": sp.identity(n, format="csr")}
     if n > 1:
         out["hierarchical"] = sp.csr_matrix(hierarchical_strategy(n).A)
+        b = qardaji_branching(n, gaussian)
+        if b != 2:
+            out[f"hierarchical(b={b})"] = sp.csr_matrix(hierarchical_strategy(n, b, root=False).A)
         out["wavelet"] = sp.csr_matrix(wavelet_strategy(n).A)
     return out
 
@@ -140,7 +144,7 @@ def baseline_candidates(G: np.ndarray, norm: int) -> Candidates:
     """The family's baselines (`factor_baselines`) as Strategies with their unit errors on G (`factor_unit_error`;
     the identity's is trace(G), its columns having unit norms)."""
     out = {}
-    for name, A in factor_baselines(G.shape[0]).items():
+    for name, A in factor_baselines(G.shape[0], gaussian=norm == 2).items():
         s = Strategy(A, name=name)
         out[name] = (s, float(np.trace(G)) if name == "identity" else factor_unit_error(s, G, norm))
     return out
@@ -153,7 +157,7 @@ def keep_best_factor(
 
     The Kronecker error factorises over the factors (module doc), so keeping the least per-factor error
     keeps the least product over every combination of candidates: the product strategy is never worse
-    than identity, hierarchical or wavelet per factor. baselines: `baseline_candidates(G, norm)` when the
+    than identity, either hierarchy or wavelet per factor. baselines: `baseline_candidates(G, norm)` when the
     caller has them already. Returns the kept factor dense (the block descent forms its Gram) and res; res.extra
     gets "candidates" (unit errors), "kept" and "factor_strategy" (the kept factor as a Strategy, with what its
     scoring computed, for `KronMatrix`); a certificate in res stays valid, since it bounds every strategy.

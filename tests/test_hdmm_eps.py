@@ -138,3 +138,17 @@ def test_records_name_their_bound():
         assert rec["bound_kind"] == "svd" and rec["bound"] == svdb, name
     hd = make_mechanism("hdmm").fit(W, PURE)
     assert hd.record()["certified_bound"] == hd.bound_ >= svdb
+
+
+def test_factor_is_never_worse_than_the_hierarchical_mechanism():
+    # WRange(300, 256): Qardaji et al.'s 16-ary hierarchy without its root beats the binary one and the wavelet here,
+    # so a factor search stopped before its first step must keep it, at the hierarchical mechanism's error
+    W = WRange(300, 256, seed=3)
+    privacy = Privacy(epsilon=1.0)
+    G = W.gram()
+    _, res = laplace_factor(G, deadline=time.perf_counter() - 1.0)
+    hier = make_mechanism("hierarchical").fit(W, privacy)
+    unit = hier.expected_error_.total / privacy.variance_factor
+    # both are sens1^2 trace(G (A^T A)^-1) of one 0/1 strategy through Cholesky solves, cond(A^T A) < 1e4 at n = 256
+    assert res.extra["kept"] == "hierarchical(b=16)"
+    assert res.extra["candidates"]["hierarchical(b=16)"] == pytest.approx(unit, rel=1e-9)
