@@ -1,4 +1,4 @@
-"""Conic SDP vs the certified (eps, delta) solver at matched accuracy (the issue's n = 64 target).
+"""Conic SDP vs the certified (eps, delta) solver at matched accuracy (the n = 64 target).
 
 A conic solver's reported objective at a loose tolerance is not the error of a strategy one could
 use: its X violates diag(X) <= 1 by up to the tolerance. Here every conic run is judged by the

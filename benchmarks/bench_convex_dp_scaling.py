@@ -185,7 +185,7 @@ def _fmt(x: object, spec: str) -> str:
 
 
 def scaling_table(df: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
-    """ours vs paper side by side per (workload, n), with the issue's targets as columns."""
+    """ours vs paper side by side per (workload, n), with the targets as columns."""
     lines = ["| workload | n | ours status | ours cpu s | ours wall s | ours gap | ours peak MB | ours growth / n^2 doubles "
              "| paper status | paper nit | paper cpu s | paper wall s | paper gap | paper fun / ours fun - 1 "
              "| cpu ratio paper / ours | target n=1024: ours <= paper/10 | target n=2048: gap <= 1e-4 in 600 s "

@@ -1,9 +1,9 @@
-"""The structured streaming families (issue 38 item 2): their losses beside the certified optimum, and their scale.
+"""The structured streaming families: their losses beside the certified optimum, and their scale.
 
 Family table: prefix sums at n in --sizes and k in --epochs, each family's mean loss (sensitivity certified for
 the scheme), and its ratio to the optimal family's loss where that family is in this build (it certifies a lower
 bound over every factorization; without it the ratio column is empty). Scale table: Toeplitz and BLT at n = 10^6
-and banded at n = 2^15 (issue 38: "in under a minute"), each fitted to convergence (no time limit) --repeats times
+and banded at n = 2^15 ("in under a minute"), each fitted to convergence (no time limit) --repeats times
 in a fresh process with one BLAS thread: median wall and CPU seconds, peak resident memory, the load seen.
 
     .venv/bin/python -m benchmarks.bench_stream_families            # committed sizes (about 15 minutes)
@@ -144,10 +144,10 @@ def main() -> None:
                   "load_1min"]
     fam_df = df[df["table"] == "family"].reindex(columns=fam_cols)
     scale_df = df[df["table"] == "scale"].reindex(columns=scale_cols)
-    note = ("" if optimal else "The optimal family (issue 38 item 1) is not in this build: ratio_to_optimum is empty "
+    note = ("" if optimal else "The optimal family is not in this build: ratio_to_optimum is empty "
             "until it lands; `make outputs` regenerates this table.\n\n")
     cmd = "python -m benchmarks.bench_stream_families" + (" --quick" if args.quick else "")
-    text = (f"# Streaming families (issue 38 item 2)\n\n`{cmd}` (one BLAS thread, each fit in its own process).\n\n"
+    text = (f"# Streaming families\n\n`{cmd}` (one BLAS thread, each fit in its own process).\n\n"
             f"Prefix sums, mean loss at unit noise, sens^2 certified for k epochs; banded:W with W <= b (exact "
             f"sensitivity). ratio_to_optimum = the family's mean loss over the optimal family's.\n\n{note}"
             f"{pipe_table(fam_df.fillna(''), fam_cols)}\n\n## Scale\n\nFitted to convergence (no time limit); "

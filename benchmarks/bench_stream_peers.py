@@ -1,4 +1,4 @@
-"""dpopt's streaming families beside jax-privacy's strategy optimisers (issue 38 item 5), in one run.
+"""dpopt's streaming families beside jax-privacy's strategy optimisers, in one run.
 
 Prefix sums at n in --sizes, k epochs in --epochs (b = n / k), mean loss (and the max loss at --max-sizes).
 Each row pairs one class of factorizations on both sides:
@@ -301,7 +301,7 @@ def command_args(argv: list[str]) -> list[str]:
 
 
 def goals(df: pd.DataFrame) -> str:
-    """The issue's two goals, counted over the rows that have both sides."""
+    """The two goals, counted over the rows that have both sides."""
     both = df.dropna(subset=["loss_ratio"])
     above = both[both["loss_ratio"] > 1.0 + AT_RTOL]
     text = (f"Goal 1, every dpopt row at or below the peer's loss: {len(both) - len(above)} of {len(both)} rows with "
@@ -324,7 +324,7 @@ def write_tables(df: pd.DataFrame, args: argparse.Namespace, peer_note: str, opt
     cmd = "python -m benchmarks.bench_stream_peers " + shlex.join(command_args(sys.argv[1:]))
     notes = [f"Peer: {peer_note}."]
     if not optimal_ok:
-        notes.append("The optimal family (issue 38 item 1) is not in this build: the dense rows have no dpopt side and "
+        notes.append("The optimal family is not in this build: the dense rows have no dpopt side and "
                      "`bound` is empty until it lands; `make outputs` regenerates this table.")
     notes.append(goals(df))
     shown = df.copy()
@@ -333,7 +333,7 @@ def write_tables(df: pd.DataFrame, args: argparse.Namespace, peer_note: str, opt
         shown[col] = ["" if pd.isna(v) else f"{v:.4g}" for v in shown[col]]
     shown = shown.astype(object).where(shown.notna(), "")
     doc = __doc__.split("\n\n")
-    text = (f"# Streaming factorizations beside jax-privacy (issue 38 item 5)\n\n`{cmd}`\n\n"
+    text = (f"# Streaming factorizations beside jax-privacy\n\n`{cmd}`\n\n"
             f"{doc[1]}\n\n```\n{doc[2]}\n```\n\n{' '.join(doc[3].split())}\n\n{' '.join(doc[4].split())}\n\n"
             f"{' '.join(notes)}\n\n{pipe_table(shown, COLUMNS)}\n")
     (RESULTS / "stream_peers.md").write_text(text)

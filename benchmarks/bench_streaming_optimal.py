@@ -1,4 +1,4 @@
-"""The certified optimum over every factorization for prefix sums with k epochs (issue 38 item 1).
+"""The certified optimum over every factorization for prefix sums with k epochs.
 
 Each row solves prefix sums A (n x n lower-triangular ones) over k epochs of b = n / k steps to a certified relative
 gap (--tol, default 1e-6):
@@ -18,7 +18,7 @@ the table.
     .venv/bin/python -m benchmarks.bench_streaming_optimal --quick
 
 --rows targets: mean loss at (n, k) = (8192, 1), (4096, 4), (4096, 16) and max loss at n = 2048, k = 1, 4, 16
-(the issue's targets: gap <= 1e-6, <= 30 min wall on 2 cores, < 12 GB); --rows cpu: mean loss at n = 1024, 2048,
+(the targets: gap <= 1e-6, <= 30 min wall on 2 cores, < 12 GB); --rows cpu: mean loss at n = 1024, 2048,
 4096 and k = 1, 4, 16 (our CPU seconds beside the peer's, which bench runs elsewhere). --append keeps the rows of
 the committed table that this invocation does not measure.
 """
@@ -46,7 +46,7 @@ TARGET_ROWS = (("mean", 8192, 1), ("mean", 4096, 4), ("mean", 4096, 16), ("max",
 CPU_ROWS = tuple(("mean", n, k) for n in (1024, 2048, 4096) for k in (1, 4, 16))
 QUICK_ROWS = (("mean", 256, 1), ("mean", 256, 4), ("max", 256, 4))
 KEY = ["objective", "n", "epochs", "threads"]
-#: The issue's targets for the rows of --rows targets.
+#: The targets for the rows of --rows targets.
 TARGET_GAP, TARGET_WALL_S, TARGET_PEAK_MB = 1e-6, 1800.0, 12 * 1024.0
 
 
@@ -167,7 +167,7 @@ def write(df: pd.DataFrame, stem: str, command: str) -> None:
         "solve_minimax). Each run a fresh process with BLAS at `threads` threads; wall and CPU seconds and peak MB "
         "(maxrss of the run's process) are medians of `runs` runs, whose wall seconds are listed; load = the 1-minute "
         "load average of the 2-core machine, shared with other work, before the row. cg = Hessian products, eigh / "
-        "svd = O(n^3) decompositions. target: the issue's gap <= 1e-6, <= 30 min wall, < 12 GB.",
+        "svd = O(n^3) decompositions. target: gap <= 1e-6, <= 30 min wall, < 12 GB.",
         "",
         pipe_table(shown, COLUMNS),
         "",

@@ -15,7 +15,7 @@ building is inside, as it is part of their optimiser's input), peak resident mem
   triangle-bound sensitivity) and `residual_kron_max.optimize_residual_kron_max` (max), what mm-optimal fits
   above 4096 cells and hdmm keeps when best;
 - the certified bound of `dpopt.solvers.union_bound.union_lower_bound` (its CPU apart; the max rows use it
-  divided by the number of queries), beside the baseline the issue names, the sum of the parts' SVD bounds;
+  divided by the number of queries), beside the baseline, the sum of the parts' SVD bounds;
 - dense: the certified optimum over all strategies (`solve_convex_dp` on W^T W; `solve_minimax` for max) where
   the domain is small enough (--dense-max-cells);
 - QuerySmasher (cmla-psu/QuerySmasherMatrixMechanism) with its convex and its Fourier solver, ResidualPlanner+

@@ -1,6 +1,6 @@
 """`dpopt factorize`: a streaming factorization A = B C of prefix sums (or any lower-triangular A) under k epochs.
 
-The command-line contract of issue 38 item 4: the flags, the JSON keys of `Factorization.record`, `--out DIR`
+The command-line contract : the flags, the JSON keys of `Factorization.record`, `--out DIR`
 (C.npy up to n = 8192, else params.json, and report.json), progress and --time-limit as in `dpopt compare`, and
 bad input as one line and exit status 2.
 """

@@ -947,7 +947,7 @@ def _noise_plan(strategy: Any, privacy: Privacy) -> tuple[str, float, float, Cha
 
 def streaming_noise_source(sens2: float, privacy: Privacy, ledger: PrivacyLedger, label: str = "streaming"
                            ) -> tuple[float, Any]:
-    """(sigma, draw) for a streaming release of C x at L2 sensitivity sens2 (issue 38 item 3), ledger charged first.
+    """(sigma, draw) for a streaming release of C x at L2 sensitivity sens2, ledger charged first.
 
     The charge is `_noise_plan`'s for one Gaussian measurement of sensitivity sens2 at (epsilon, delta): OpenDP's
     certified sigma and its certified cost, charged before anything is drawn (BudgetExceededError otherwise).

@@ -520,7 +520,7 @@ def streaming() -> list:
             "with sens^2 the largest change of ||C x||^2 one user can cause. A user who contributes once "
             "(k = 1 epoch) moves one step: sens^2 = max_j ||C_j||^2. Over k epochs of b = n / k steps a user "
             "contributes at steps r, r + b, ..., r + (k - 1) b, and sens^2 = max_pi max{<X_pi, Gamma> : Gamma PSD, "
-            "diag Gamma <= 1} with X = C^T C and X_pi its k x k block on the pattern pi (issue 38; Choquette-Choo et "
+            "diag Gamma <= 1} with X = C^T C and X_pi its k x k block on the pattern pi (Choquette-Choo et "
             "al. 2023).\n\n"
             "This notebook fits dpopt's families on prefix sums: the square root C = A^(1/2), the best Toeplitz C, "
             "the best banded C (BandMF), the buffered linear Toeplitz C (BLT, K buffers) and, where this build has "

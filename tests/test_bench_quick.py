@@ -1,4 +1,4 @@
-"""Issue 39 item 13: `make bench` (`python -m benchmarks.run_all`) runs every benchmark at its quick setting and
+"""`make bench` (`python -m benchmarks.run_all`) runs every benchmark at its quick setting and
 exits 0; here the two benchmarks that exited 2 on --quick (kronecker, minimax), in their own processes."""
 
 from __future__ import annotations

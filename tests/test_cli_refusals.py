@@ -1,4 +1,4 @@
-"""Issue 39 items 6, 10, 11 and its list of messages: what `dpopt compare` and `dpopt answer` refuse, before any fit
+"""what `dpopt compare` and `dpopt answer` refuse, before any fit
 or charge, in one line that names the flag or file the user typed and what was expected."""
 
 from __future__ import annotations

@@ -172,7 +172,7 @@ STREAMING_OPTIMAL = RESULTS / "streaming_optimal.csv"
 
 
 def test_streaming_optimal_table_is_certified() -> None:
-    """Every converged row of the certified-optimum table (issue 38 item 1): its lower bound is below its loss, its gap
+    """Every converged row of the certified-optimum table: its lower bound is below its loss, its gap
     is the two's relative difference (the CSV keeps full precision) and at most the tol it was asked for."""
     df = pd.read_csv(STREAMING_OPTIMAL)
     done = df[df["status"] == "converged"]

@@ -1,4 +1,4 @@
-"""`dpopt factorize`: the command-line contract of issue 38 item 4."""
+"""`dpopt factorize`: the command-line contract ."""
 
 from __future__ import annotations
 

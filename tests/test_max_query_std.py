@@ -1,4 +1,4 @@
-"""Issue 39 item 8: compare's max_query_std through the strategy's structure on every row (Kronecker, marginals,
+"""compare's max_query_std through the strategy's structure on every row (Kronecker, marginals,
 laplace), and gram-npy workloads with their query count (RMSE) or a row saying why a number is missing."""
 
 from __future__ import annotations

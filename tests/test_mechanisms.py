@@ -39,7 +39,7 @@ from paper_matrices import EX1_B, EX1_W, EX1_W_TILDE  # noqa: E402
 
 
 def paper_workloads():
-    """The four workloads the issue names (fixed seeds)."""
+    """The four workloads of the papers' comparison (fixed seeds)."""
     return {
         "allrange64": AllRange(64),
         "wrange64x128": WRange(64, 128, seed=0),

@@ -1,4 +1,4 @@
-"""Issue 39 item 12: `dpopt sweep` exits non-zero when every task failed, and every output path of sweep,
+"""`dpopt sweep` exits non-zero when every task failed, and every output path of sweep,
 reproduce, crossval and --plot is checked before the work (one line, exit 2), never creating a folder for a file
 nor one at the file system root."""
 

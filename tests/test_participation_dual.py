@@ -4,7 +4,7 @@ What is checked, each against something independent of the solver:
 - the participation sensitivity (`pattern_sensitivity`) against its closed forms (k = 2: a + d + 2|c|; entrywise
   non-negative blocks: 1^T X 1) and against a conic solve of the same SDP;
 - the optimum against the CVXPY model `formulations.streaming` (mean and max loss) and, for prefix sums with n = 48
-  and k = 4, against the issue's exact value 18.04 (mean loss, i.e. tr(A^T A X^{-1}) / n at sensitivity 1);
+  and k = 4, against the exact value 18.04 (mean loss, i.e. tr(A^T A X^{-1}) / n at sensitivity 1);
 - the returned strategy: its sensitivity, recomputed by the conic SDP, is <= 1, and its loss recomputed in plain
   numpy from the causal factor C (B = A C^{-1} by a triangular solve) equals the reported one;
 - the lower bound against the loss of the square-root factorization and of random feasible factorizations;
@@ -170,11 +170,11 @@ def test_mean_against_conic_model(k):
 
 
 def test_issue_value_prefix_48_four_epochs():
-    """The issue's exact optimum 18.04 for prefix sums, n = 48, k = 4, is the mean loss (total / n)."""
+    """The exact optimum 18.04 for prefix sums, n = 48, k = 4, is the mean loss (total / n)."""
     n = 48
     res = solve_participation(prefix(n).T @ prefix(n), epochs(n, 4), tol=TOL)
     assert res.status == CONVERGED
-    assert res.dual_bound / n <= 18.045 and res.fun / n >= 18.035  # 18.04 to the issue's two decimals
+    assert res.dual_bound / n <= 18.045 and res.fun / n >= 18.035  # 18.04 to two decimals
     assert res.fun / n == pytest.approx(18.0418381, abs=1e-6)  # the conic models (SCS, Clarabel) at 1e-9
 
 

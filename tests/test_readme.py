@@ -227,7 +227,7 @@ def test_shell_command_runs(block, command, fresh_install_env):
         from dpopt.streaming.families import FAMILIES
 
         if not FAMILIES.available("optimal"):
-            pytest.skip("runs once the optimal family (dpopt.streaming.optimal, issue 38 item 1) is in this build")
+            pytest.skip("runs once the optimal family (dpopt.streaming.optimal) is in this build")
     _check_command(block, command, fresh_install_env)
 
 

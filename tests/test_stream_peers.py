@@ -1,4 +1,4 @@
-"""benchmarks/bench_stream_peers.py (issue 38 item 5): dpopt's side runs without the peer, both sides are scored by
+"""benchmarks/bench_stream_peers.py: dpopt's side runs without the peer, both sides are scored by
 one scale-invariant loss, the peer's runner stays free of dpopt, and the committed table agrees with itself."""
 
 from __future__ import annotations

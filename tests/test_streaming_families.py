@@ -1,4 +1,4 @@
-"""The structured streaming families (issue 38 item 2): certified sensitivities, losses, and quality checks."""
+"""The structured streaming families: certified sensitivities, losses, and quality checks."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Streaming correlated noise (issue 38 item 3): streamed (C^-1 z)_t equals the batch solve to round-off."""
+"""Streaming correlated noise: streamed (C^-1 z)_t equals the batch solve to round-off."""
 
 from __future__ import annotations
 

@@ -78,7 +78,7 @@ def test_lower_bound_is_below_every_family(objective):
     p = Participation(n, k)
     f = _family("optimal", Prefix(n), p, objective)
     if objective == "mean":
-        assert f.lower_bound == pytest.approx(18.0418381, abs=1e-6)  # the 18.04 (mean loss)
+        assert f.lower_bound == pytest.approx(18.0418381, abs=1e-6)  # 18.04 stated to two decimals (mean loss)
     for name in FAMILIES:
         if name != "optimal":
             other = _family(name, Prefix(n), p, objective)

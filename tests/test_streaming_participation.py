@@ -1,4 +1,4 @@
-"""Participation, the certified multi-participation sensitivity, and the MomentumPrefix workload (issue 38)."""
+"""Participation, the certified multi-participation sensitivity, and the MomentumPrefix workload."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The banded family (BandMF): C lower triangular with bandwidth w, C_ij = 0 for i - j >= w (issue 38 item 2).
+"""The banded family (BandMF): C lower triangular with bandwidth w, C_ij = 0 for i - j >= w.
 
 Choquette-Choo et al. 2023, "(Amplified) Banded Matrix Factorizations": with w <= b = n / k, X = C^T C is banded
 with bandwidth w, so every pattern block X_pi is diagonal and the multi-participation sensitivity is exactly
@@ -135,7 +135,7 @@ def _optimise_general(W: Workload, p: Participation, objective: str, w: int, dea
 def optimise(A: Workload | np.ndarray, participation: Participation, *, objective: str = "mean",
              time_limit: float | None = None, callback: Callable[[dict[str, Any]], None] | None = None,
              bandwidth: int = 8, structure: str | None = None, max_iter: int = 2000) -> Factorization:
-    """The best banded C of bandwidth w for A under k epochs (issue 38 item 2; BandMF, Choquette-Choo et al. 2023;
+    """The best banded C of bandwidth w for A under k epochs (BandMF, Choquette-Choo et al. 2023;
     the Toeplitz band of McKenna 2024)."""
     t0 = time.perf_counter()
     W, p = prepare(A, participation, objective)

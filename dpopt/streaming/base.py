@@ -1,6 +1,6 @@
 """The one result type of every streaming family, the plain-numpy reference losses, and workload checks.
 
-Losses at unit noise (issue 38, jax_privacy's convention): with decoder B = A C^-1,
+Losses at unit noise (jax_privacy's convention): with decoder B = A C^-1,
 mean = sens^2 ||B||_F^2 / n and max = sens^2 max_t ||B_t||^2 (row norms), sens^2 the certified
 multi-participation sensitivity of C (`dpopt.streaming.participation`).
 """
@@ -18,7 +18,7 @@ from dpopt.streaming.participation import Participation, participation_sensitivi
 from dpopt.workloads import MAX_DENSE_ENTRIES, ExplicitWorkload, Workload
 
 OBJECTIVES = ("mean", "max")
-#: The JSON keys of a factorization's report (issue 38 item 4), in order.
+#: The JSON keys of a factorization's report, in order.
 RECORD_KEYS = ("family", "n", "epochs", "objective", "mean_loss", "max_loss", "sensitivity", "lower_bound", "gap",
                "status", "fit_seconds")
 #: Largest n for which a dense n x n matrix (C, or a dense workload) is formed by a family.
@@ -27,7 +27,7 @@ MAX_DENSE_STEPS = int(math.isqrt(MAX_DENSE_ENTRIES // 4))
 
 @dataclass
 class Factorization:
-    """A streaming factorization A = B C with its certified sensitivity and losses (issue 38).
+    """A streaming factorization A = B C with its certified sensitivity and losses.
 
     C is the (n, n) lower-triangular strategy when kept, else None with the family's parameters in `params`.
     sensitivity is sens^2 at unit clipping, a true upper bound for the participation scheme; lower_bound is over
@@ -55,7 +55,7 @@ class Factorization:
         return self.mean_loss if self.objective == "mean" else self.max_loss
 
     def record(self) -> dict[str, Any]:
-        """The report as a dict with exactly the JSON keys of issue 38 item 4 (RECORD_KEYS)."""
+        """The report as a dict with exactly the JSON keys  (RECORD_KEYS)."""
         return {k: getattr(self, k) for k in RECORD_KEYS}
 
 
@@ -114,7 +114,7 @@ def decoder(A: np.ndarray, C: np.ndarray) -> np.ndarray:
 
 
 def dense_losses(A: Workload | np.ndarray, C: np.ndarray, p: Participation) -> tuple[float, float, float]:
-    """(mean_loss, max_loss, sens2) in plain numpy: B = A C^-1, sens^2 certified on X = C^T C (issue 38)."""
+    """(mean_loss, max_loss, sens2) in plain numpy: B = A C^-1, sens^2 certified on X = C^T C."""
     M = A.matrix() if isinstance(A, Workload) else np.asarray(A, dtype=float)
     C = np.asarray(C, dtype=float)
     B = decoder(M, C)

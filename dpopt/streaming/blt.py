@@ -1,4 +1,4 @@
-"""The BLT family: buffered linear Toeplitz C with K buffers (issue 38 item 2).
+"""The BLT family: buffered linear Toeplitz C with K buffers.
 
 Dvijotham, McMahan, Pillutla, Steinke and Thakurta 2024, "Efficient and near-optimal noise generation for
 streaming differential privacy" (McMahan et al. 2024): C = T(c) with c_0 = 1 and c_t = sum_i omega_i theta_i^(t-1)
@@ -107,7 +107,7 @@ def _solve(W: Workload, p: Participation, objective: str, x0: np.ndarray, deadli
 def optimise(A: Workload | np.ndarray, participation: Participation, *, objective: str = "mean",
              time_limit: float | None = None, callback: Callable[[dict[str, Any]], None] | None = None,
              buffers: int = 4, max_iter: int = 2000) -> Factorization:
-    """The best BLT C with K buffers for A under k epochs, by L-BFGS on (theta, omega) (issue 38 item 2)."""
+    """The best BLT C with K buffers for A under k epochs, by L-BFGS on (theta, omega)."""
     t0 = time.perf_counter()
     W, p = prepare(A, participation, objective)
     K = int(buffers)

@@ -2,7 +2,7 @@
 
 For X positive definite (n x n) let J be the exchange matrix (J_ij = 1 when i + j = n - 1) and J X J = R R^T its
 Cholesky factorisation (R lower triangular). Then C = J R^T J is lower triangular and C^T C = J R R^T J = X:
-"C = U^T for X = U U^T, U upper triangular" (issue 38; Denisov et al., NeurIPS 2022, Sec. 2). The loss of a
+"C = U^T for X = U U^T, U upper triangular" (Denisov et al., NeurIPS 2022, Sec. 2). The loss of a
 factorization A = B C depends on C only through X = C^T C (B = A C^{-1}: ||B||_F^2 = tr(A X^{-1} A^T), and the
 sensitivity is a function of X), so the optimum over every X is reached by a causal C: step t's release
 (C x + z)_t uses the steps <= t only.

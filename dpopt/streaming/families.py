@@ -1,4 +1,4 @@
-"""FAMILIES: every streaming family's `optimise`, by name, each module imported on first use (issue 38).
+"""FAMILIES: every streaming family's `optimise`, by name, each module imported on first use.
 
 Every family has the one signature
     optimise(A, participation, *, objective="mean", time_limit=None, callback=None, **family_options)

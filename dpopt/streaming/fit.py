@@ -14,7 +14,7 @@ from dpopt.streaming.base import Factorization
 from dpopt.streaming.participation import Participation
 from dpopt.validation import check_time_limit
 
-#: Largest n for which a family keeps its dense C (issue 38: `--out` writes C.npy up to this n).
+#: Largest n for which a family keeps its dense C (`--out` writes C.npy up to this n).
 KEEP_C_STEPS = 8192
 #: L-BFGS-B stopping rule of the family optimisers: relative decrease of the log loss below FTOL (a loss change
 #: of about 1e-11 relative) or a projected gradient below GTOL.

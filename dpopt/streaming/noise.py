@@ -1,4 +1,4 @@
-"""Streaming correlated noise: the noise of step t is (C^-1 z)_t, z_t ~ N(0, sigma^2 I_d) (issue 38 item 3).
+"""Streaming correlated noise: the noise of step t is (C^-1 z)_t, z_t ~ N(0, sigma^2 I_d).
 
 Releasing C x + z and decoding with B gives B (C x + z) = A (x + C^-1 z): a trainer adds (C^-1 z)_t to the
 clipped gradient sum of step t. `NoiseStream` yields those d-vectors one step at a time, solving C y = z by
@@ -67,8 +67,8 @@ def _structure(f: Factorization) -> tuple[str, dict[str, np.ndarray]]:
 
 
 class NoiseStream:
-    """Iterator over the n steps: the d-vector (C^-1 z)_t of step t, with O(K d) / O(w d) / O(n d) state (issue 38
-    item 3; the K buffers of Dvijotham et al. 2024)."""
+    """Iterator over the n steps: the d-vector (C^-1 z)_t of step t, with O(K d) / O(w d) / O(n d) state (the K
+    buffers of Dvijotham et al. 2024)."""
 
     def __init__(self, f: Factorization, d: int, sigma: float, *, rng: np.random.Generator | int | None = None,
                  draw: Callable[[int], np.ndarray] | None = None) -> None:

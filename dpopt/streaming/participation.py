@@ -1,6 +1,6 @@
 """Multi-participation: k epochs of b = n / k steps, and the certified sensitivity of a strategy under it.
 
-Issue 38 (after Choquette-Choo et al. 2023, "Multi-epoch matrix factorization mechanisms for private machine
+After Choquette-Choo et al. 2023, "Multi-epoch matrix factorization mechanisms for private machine
 learning", and Denisov et al. 2022): a user contributes at most once per epoch, at the steps of one pattern
 pi_r = {r, r + b, ..., r + (k - 1) b}, r = 0..b-1 (the patterns partition the n steps), each contribution a
 vector of norm at most 1. With X = C^T C and X_pi its k x k block on a pattern,
@@ -35,7 +35,7 @@ SDP_RTOL = 1e-9
 @dataclass(frozen=True)
 class Participation:
     """k epochs over n steps (k divides n): a user takes part at steps r, r + b, ..., r + (k - 1) b, b = n / k
-    (Choquette-Choo et al. 2023; issue 38)."""
+    (Choquette-Choo et al. 2023)."""
 
     n: int
     epochs: int = 1
@@ -66,7 +66,7 @@ class Participation:
 
 
 def pattern_blocks(X: np.ndarray, p: Participation) -> np.ndarray:
-    """(b, k, k): the block X_pi of X = C^T C on every pattern (issue 38's multi-participation sensitivity)."""
+    """(b, k, k): the block X_pi of X = C^T C on every pattern (multi-participation sensitivity)."""
     X = np.asarray(X, dtype=float)
     if X.shape != (p.n, p.n):
         raise ValueError(f"X has shape {X.shape}; expected ({p.n}, {p.n}) for {p.n} steps")
@@ -75,14 +75,14 @@ def pattern_blocks(X: np.ndarray, p: Participation) -> np.ndarray:
 
 
 def participation_sensitivity(X: np.ndarray, p: Participation) -> float:
-    """Certified upper bound on sens^2 = max_pi max{<X_pi, Gamma>: Gamma PSD, diag Gamma <= 1} (issue 38)."""
+    """Certified upper bound on sens^2 = max_pi max{<X_pi, Gamma>: Gamma PSD, diag Gamma <= 1}."""
     if p.epochs == 1:
         return float(np.max(np.diag(np.asarray(X, dtype=float))))
     return block_sensitivity(pattern_blocks(X, p))
 
 
 def sensitivity_lower(X: np.ndarray, p: Participation) -> float:
-    """A lower bound on sens^2 from feasible Gamma (11^T, I and the barrier's normalised S^-1); issue 38."""
+    """A lower bound on sens^2 from feasible Gamma (11^T, I and the barrier's normalised S^-1)."""
     return block_sensitivity_lower(pattern_blocks(X, p))
 
 
@@ -175,7 +175,7 @@ def _nonneg(Xs: np.ndarray) -> np.ndarray:
 
 
 def block_sensitivity(Xs: np.ndarray) -> float:
-    """Certified upper bound on max_pi min{1^T y : Diag(y) - X_pi PSD} over a (P, k, k) stack of blocks (issue 38).
+    """Certified upper bound on max_pi min{1^T y : Diag(y) - X_pi PSD} over a (P, k, k) stack of blocks.
 
     k = 1: max X_pi; non-negative blocks: 1^T X_pi 1 (exact), times (1 + 2 k^2 u) for the rounding of the sum;
     other blocks: 1^T y for y certified by `_certify` after the barrier method `_barrier`.

@@ -1,4 +1,4 @@
-"""The square-root family: C = A^(1/2), B = A^(1/2), no optimisation (issue 38 item 2).
+"""The square-root family: C = A^(1/2), B = A^(1/2), no optimisation.
 
 Prefix sums: C = T(c) with c_j = binom(2j, j) / 4^j (Fichtenberger, Henzinger and Upadhyay 2023; Henzinger,
 Upadhyay and Upadhyay 2023). Any Toeplitz A = T(a): C = T(sqrt(a)), the power-series square root
@@ -38,7 +38,7 @@ def triangular_sqrt(A: np.ndarray) -> np.ndarray:
 def optimise(A: Workload | np.ndarray, participation: Participation, *, objective: str = "mean",
              time_limit: float | None = None, callback: Callable[[dict[str, Any]], None] | None = None
              ) -> Factorization:
-    """C = A^(1/2) (closed form; `objective` and `time_limit` only label the report) (issue 38 item 2)."""
+    """C = A^(1/2) (closed form; `objective` and `time_limit` only label the report)."""
     t0 = time.perf_counter()
     W, p = prepare(A, participation, objective)
     n = p.n

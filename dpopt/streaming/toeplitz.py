@@ -1,4 +1,4 @@
-"""The Toeplitz family: C = T(c) lower-triangular Toeplitz, optimised by L-BFGS on its coefficients (issue 38).
+"""The Toeplitz family: C = T(c) lower-triangular Toeplitz, optimised by L-BFGS on its coefficients.
 
 The loss is `ToeplitzObjective` (O(n log n) for a Toeplitz workload; a dense A goes through batched FFTs, n <= 4096);
 the gradient is analytic (power-series adjoints). The start is the square-root factorization sqrt(a) (the
@@ -119,7 +119,7 @@ class _ToeplitzColumn(Workload):
 def optimise(A: Workload | np.ndarray, participation: Participation, *, objective: str = "mean",
              time_limit: float | None = None, callback: Callable[[dict[str, Any]], None] | None = None,
              coefficients: int | None = None, max_iter: int = 2000) -> Factorization:
-    """The best lower-triangular Toeplitz C = T(c) for A under k epochs, by L-BFGS on c (issue 38 item 2; the
+    """The best lower-triangular Toeplitz C = T(c) for A under k epochs, by L-BFGS on c (the
     sensitivity from truncated autocorrelations)."""
     t0 = time.perf_counter()
     W, p = prepare(A, participation, objective)

@@ -1,4 +1,4 @@
-"""Losses, gradients and the exact sensitivity of a lower-triangular Toeplitz strategy C = T(c) (issue 38).
+"""Losses, gradients and the exact sensitivity of a lower-triangular Toeplitz strategy C = T(c).
 
 With q = 1 / c (C^-1 = T(q)) and B = A C^-1:
 - A Toeplitz (A = T(a): prefix sums, momentum with a constant learning rate): B = T(a * q), so
@@ -61,7 +61,7 @@ def toeplitz_blocks(c: np.ndarray, p: Participation) -> np.ndarray:
 
 
 def toeplitz_sensitivity(c: np.ndarray, p: Participation) -> float:
-    """Certified sens^2 of T(c) under p (issue 38): ||c||^2 for k = 1, else `block_sensitivity` of its blocks."""
+    """Certified sens^2 of T(c) under p: ||c||^2 for k = 1, else `block_sensitivity` of its blocks."""
     c = np.asarray(c, dtype=float)
     if p.epochs == 1:
         return float(c @ c)
@@ -78,7 +78,7 @@ def pattern_column(c: np.ndarray, p: Participation) -> np.ndarray:
 
 
 class ToeplitzObjective:
-    """log(sens~^2) + log(F(q)) of T(c) for a workload and objective, with its gradient in c (issue 38).
+    """log(sens~^2) + log(F(q)) of T(c) for a workload and objective, with its gradient in c.
 
     sens~^2 = ||T(c) u_0||^2 is <X_pi0, 11^T>, the sensitivity of the first pattern at Gamma = 11^T: exact whenever
     c >= 0 (then X >= 0 entrywise and the first pattern has the longest sums); the reported sensitivity is always
