@@ -46,7 +46,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from benchmarks.child import run_module
+from benchmarks.child import checkout_commit, run_module
 from benchmarks.tables import pipe_table
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -225,21 +225,10 @@ def _ratio(a: object, b: object) -> float:
         return math.nan
 
 
-def _commit() -> str:
-    """The repository's HEAD commit (short), or "unknown"."""
-    import subprocess
-
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).resolve().parents[1], check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def tables(df: pd.DataFrame, how: str, args: argparse.Namespace) -> str:
     """The markdown report: the sum table, the max table and the CPU and memory table."""
     d = df.copy()
-    for c in ("qs_convex", "qs_fourier", "rpp_sum", "rpp_max", "dense_sum", "dense_max"):
+    for c in ("qs_convex", "qs_fourier", "rpp_sum", "rpp_max", "dense_sum", "dense_max", "qs_convex_cpu", "bound_max"):
         if c not in d:
             d[c] = math.nan
     d["qs_best"] = d[["qs_convex", "qs_fourier"]].min(axis=1)
@@ -248,17 +237,17 @@ def tables(df: pd.DataFrame, how: str, args: argparse.Namespace) -> str:
     for c in ("dpopt_sum", "qs_convex", "qs_fourier", "rpp_sum", "dense_sum", "parts_svd"):
         d[f"{c}/bound"] = [_ratio(a, b) for a, b in zip(d[c], d.bound, strict=True)]
     d["parts_svd/bound"] = [_ratio(b, a) for a, b in zip(d.parts_svd, d.bound, strict=True)]
-    d["cpu dpopt/QS convex"] = [_ratio(a, b) for a, b in zip(d.dpopt_cpu, d.get("qs_convex_cpu", math.nan),
+    d["cpu dpopt/QS convex"] = [_ratio(a, b) for a, b in zip(d.dpopt_cpu, d.qs_convex_cpu,
                                                               strict=True)]
     d["max dpopt/RP+"] = [_ratio(a, b) for a, b in zip(d.dpopt_max, d.rpp_max, strict=True)]
     for c in ("dpopt_max", "rpp_max", "dense_max"):
-        d[f"{c}/bound"] = [_ratio(a, b) for a, b in zip(d[c], d.get("bound_max", math.nan), strict=True)]
+        d[f"{c}/bound"] = [_ratio(a, b) for a, b in zip(d[c], d.bound_max, strict=True)]
     sum_cols = ["workload", "cells", "dpopt_sum", "qs_convex", "qs_fourier", "rpp_sum", "dense_sum", "bound",
                 "dpopt/QS", "dpopt/RP+", "dpopt_sum/bound", "qs_convex/bound", "qs_fourier/bound", "rpp_sum/bound",
                 "dense_sum/bound", "parts_svd/bound", "bound_kind"]
     max_cols = ["workload", "dpopt_max", "rpp_max", "dense_max", "bound_max", "max dpopt/RP+", "dpopt_max/bound",
                 "rpp_max/bound", "dense_max/bound"]
-    cpu_cols = ["workload", "dpopt_cpu", "qs_convex_cpu", "qs_fourier_cpu", "rpp_sum_cpu", "cpu dpopt/QS convex",
+    cpu_cols = ["workload", "commit", "runs", "dpopt_cpu", "qs_convex_cpu", "qs_fourier_cpu", "rpp_sum_cpu", "cpu dpopt/QS convex",
                 "dpopt_max_cpu", "rpp_max_cpu", "bound_cpu", "dense_cpu", "dpopt_mb", "qs_convex_mb", "rpp_sum_mb",
                 "bound_mb"]
     for c in cpu_cols + max_cols:
@@ -270,7 +259,7 @@ def tables(df: pd.DataFrame, how: str, args: argparse.Namespace) -> str:
     return "\n".join([
         "# Unions of Kronecker products: dpopt's residual Kronecker family, QuerySmasher, ResidualPlanner+",
         "",
-        f"`python -m benchmarks.bench_union {' '.join(sys.argv[1:])}` at commit {_commit()}",
+        f"`python -m benchmarks.bench_union {' '.join(sys.argv[1:])}` at commit {checkout_commit()} (with --append, rows of earlier runs are kept: each row's `commit` and `runs`)",
         "",
         "Variances at privacy cost 1 (Gaussian sigma 1 per unit L2 sensitivity); sum = total over all queries,",
         "max = largest per-query variance. bound: the certified lower bound on every strategy's value",
@@ -278,7 +267,7 @@ def tables(df: pd.DataFrame, how: str, args: argparse.Namespace) -> str:
         "ResidualPlanner+ (ResPlanSum, ResPlanMax). parts_svd/bound: the sum of the parts' SVD bounds over the",
         "certified bound (the baseline it replaces). A ratio to the bound below 1 means the tool reports a value",
         "no strategy reaches at privacy cost 1: its variance model is not that of its mechanism. CPU seconds:",
-        f"medians of {args.repeats} runs, one BLAS thread, optimisation only.",
+        "medians of each row's `runs` runs, one BLAS thread, optimisation only.",
         f"{how}.",
         "",
         "## Total variance (sum)",
@@ -309,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dense-max-cells", type=int, default=512, help="largest domain for the dense optimum")
     p.add_argument("--peers", type=Path, default=Path(DEFAULT_PEERS) if DEFAULT_PEERS else None)
     p.add_argument("--out", default="union")
+    p.add_argument("--append", action="store_true", help="keep the rows of results/OUT.csv that this run does not measure")
     a = p.parse_args(argv)
     if a.child:
         print(json.dumps(child(a.child[0], a.child[1], a.time_limit)))
@@ -320,10 +310,17 @@ def main(argv: list[str] | None = None) -> int:
     repeats = 1 if a.quick else a.repeats
     python, src, how = peers(a.peers)
     print(how, flush=True)
+    kept = pd.DataFrame()
+    if a.append and (RESULTS / f"{a.out}.csv").is_file():
+        kept = pd.read_csv(RESULTS / f"{a.out}.csv")
+        kept = kept[~kept.workload.isin(names)]
     rows = []
     for name in names:
-        rows.append(measure(name, repeats, a.budget, a.dense_max_cells, python, src, a.bound_limit))
-        df = pd.DataFrame(rows)
+        rows.append({**measure(name, repeats, a.budget, a.dense_max_cells, python, src, a.bound_limit),
+                     "commit": checkout_commit(), "runs": repeats})
+        df = pd.concat([kept, pd.DataFrame(rows)], ignore_index=True)
+        order = {n: i for i, n in enumerate(ROWS)}
+        df = df.sort_values("workload", key=lambda c: c.map(order), kind="stable").reset_index(drop=True)
         RESULTS.mkdir(parents=True, exist_ok=True)
         df.to_csv(RESULTS / f"{a.out}.csv", index=False)
         (RESULTS / f"{a.out}.md").write_text(tables(df, how, a) + "\n")
