@@ -82,10 +82,11 @@ def write(rows: list[dict], args: argparse.Namespace) -> None:
     df = pd.DataFrame(rows)
     df.to_csv(RESULTS / f"{args.out}.csv", index=False)
     cols = ["spec", "privacy", "mechanism", "expected_total_error", "ratio_to_bound", "bound_kind", "fit_seconds",
-            "after_fit", "status", "compare_wall_s", "compare_cpu_s", "peak_rss_mb", "load"]
+            "after_fit", "status", "compare_wall_s", "compare_cpu_s", "peak_rss_mb", "load", "commit"]
     with open(RESULTS / f"{args.out}.md", "w") as f:
         f.write("# The hdmm ladder through `dpopt compare` (benchmarks/bench_hdmm_ladder.py)\n\n")
-        f.write(f"At commit {checkout_commit()}. ")
+        f.write(f"Written at commit {checkout_commit()}; each row names the commit it was measured at (--append keeps "
+                "earlier rows). ")
         f.write(
             f"Mechanisms {args.mechanisms}; compare's default time limit (60 s) per mechanism; eps = 1, and "
             "delta = 1e-6 for eps-delta. Each compare run in its own process at one BLAS thread; wall and CPU "
@@ -104,7 +105,8 @@ def main() -> None:
     ap.add_argument("--extra", default=DEFAULT_EXTRA, help="eps-DP specs run after the ladder (comma-separated)")
     ap.add_argument("--child-budget", type=float, default=3600.0, help="wall seconds before a run's process is killed")
     ap.add_argument("--quick", action="store_true", help="n = 64 and 128, hdmm and wavelet, no extra rows")
-    ap.add_argument("--append", action="store_true", help="keep the rows already in results/OUT.csv")
+    ap.add_argument("--append", action="store_true",
+                    help="keep the rows already in results/OUT.csv that this run does not measure again")
     ap.add_argument("--out", default="hdmm_ladder")
     ap.add_argument("--one", nargs=2, metavar=("SPEC", "PRIVACY"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -115,7 +117,9 @@ def main() -> None:
         args.sizes, args.mechanisms, args.extra = "64,128", "hdmm,wavelet", ""
     rows: list[dict] = []
     if args.append and (RESULTS / f"{args.out}.csv").exists():
-        rows = pd.read_csv(RESULTS / f"{args.out}.csv").to_dict("records")
+        again = set(specs(args))  # rows measured again replace the earlier ones
+        rows = [r for r in pd.read_csv(RESULTS / f"{args.out}.csv").to_dict("records")
+                if (r["spec"], r["privacy"]) not in again]
     bad = 0
     for spec, priv in specs(args):
         run = run_module("benchmarks.bench_hdmm_ladder", ["--one", spec, priv, "--mechanisms", args.mechanisms],
@@ -128,6 +132,7 @@ def main() -> None:
         load = os.getloadavg()[0]
         for r in new:
             r["load"] = round(load, 1)
+            r["commit"] = checkout_commit()
         rows.extend(new)
         hd = next((r for r in new if r["mechanism"] == "hdmm"), None)
         note = "" if hd is None else f"hdmm {hd['expected_total_error']:.6g} ({hd['status'][:40]}), "
