@@ -144,12 +144,17 @@ def per_dimension(workload: Workload, make: Callable[[int], Strategy], name: str
     return make(workload.n)
 
 
+def qardaji_tree(n: int, gaussian: bool) -> Strategy:
+    """Qardaji et al.'s hierarchy over n cells: their branching (`qardaji_branching`) without the root row, as their
+    HB measures it (Qardaji, Yang and Li 2013)."""
+    return hierarchical_strategy(n, qardaji_branching(n, gaussian), root=False)
+
+
 def qardaji_hierarchy(workload: Workload, gaussian: bool) -> Strategy:
-    """The hierarchical mechanism's default strategy: per dimension, Qardaji et al.'s branching
-    (`qardaji_branching`) without the root row, as their HB measures it (Qardaji, Yang and Li 2013)."""
+    """The hierarchical mechanism's default strategy: `qardaji_tree` per dimension."""
 
     def make(n: int) -> Strategy:
-        return hierarchical_strategy(n, qardaji_branching(n, gaussian), root=False)
+        return qardaji_tree(n, gaussian)
 
     if isinstance(workload, Kron) and len(workload.factors) > 1:
         name = "kron(" + ",".join(make(f.n).name for f in workload.factors) + ")"

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from dpopt.baselines import hierarchical_strategy, qardaji_branching, wavelet_strategy
+from dpopt.baselines import hierarchical_strategy, qardaji_branching, qardaji_tree, wavelet_strategy
 from dpopt.kron_strategy import SUPPORT_RTOL, KronMatrix
 from dpopt.linalg import psd_pinv
 from dpopt.privacy import Privacy
@@ -121,7 +121,7 @@ def factor_baselines(n: int, gaussian: bool = False) -> dict[str, np.ndarray | s
         out["hierarchical"] = sp.csr_matrix(hierarchical_strategy(n).A)
         b = qardaji_branching(n, gaussian)
         if b != 2:
-            out[f"hierarchical(b={b})"] = sp.csr_matrix(hierarchical_strategy(n, b, root=False).A)
+            out[f"hierarchical(b={b})"] = sp.csr_matrix(qardaji_tree(n, gaussian).A)
         out["wavelet"] = sp.csr_matrix(wavelet_strategy(n).A)
     return out
 

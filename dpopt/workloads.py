@@ -519,9 +519,8 @@ def range_gram(n: int, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     start <= i and end >= j, a 2-D cumulative sum of the (start, end) counts (O(m + n^2), no sparse product)."""
     counts = np.zeros((n, n))
     np.add.at(counts, (np.asarray(starts), np.asarray(ends)), 1.0)
-    G = np.cumsum(counts, axis=0)[:, ::-1].cumsum(axis=1)[:, ::-1]  # G[i, j] = #{start <= i, end >= j}
-    upper = np.triu(G)
-    return upper + np.triu(G, 1).T
+    G = np.triu(np.cumsum(counts, axis=0)[:, ::-1].cumsum(axis=1)[:, ::-1])  # G[i, j] = #{start <= i, end >= j}
+    return G + np.triu(G, 1).T
 
 
 def _strict_tail_sums(v: np.ndarray) -> np.ndarray:
