@@ -166,6 +166,10 @@ def run_dataset(task: dict[str, Any]) -> list[dict[str, Any]]:
     to task["part"] (a CSV) when the task names one, so an interrupted run keeps what finished."""
     with threadpool_limits(limits=1):
         rows = _run_dataset(task)
+    if task.get("only"):  # --remeasure: the part keeps its other mechanisms' rows
+        old = pd.read_csv(task["part"])
+        keep = ~old["mechanism"].str.split(":").str[0].isin(task["only"])
+        rows = old[keep].to_dict(orient="records") + rows
     if task.get("part"):
         pd.DataFrame(rows).to_csv(task["part"], index=False)
     return rows
@@ -191,8 +195,10 @@ def _run_dataset(task: dict[str, Any]) -> list[dict[str, Any]]:
         n = shape.size
         wls = {"rectangles": rectangles(*grid)}
     rows: list[dict[str, Any]] = []
+    only = task.get("only")
+    fixed = [m for m in DPOPT_FIXED if only is None or m in only]
     fitted = {(wname, mname, eps): _fixed_strategy(mname, W, grid, eps)
-              for wname, W in wls.items() for eps in task["eps"] for mname in DPOPT_FIXED}
+              for wname, W in wls.items() for eps in task["eps"] for mname in fixed}
     for scale in task["scales"]:
         X = samples(shape, scale, task["samples"], seed_of(name, scale))
         for wname, W in wls.items():
@@ -201,17 +207,17 @@ def _run_dataset(task: dict[str, Any]) -> list[dict[str, Any]]:
             for eps in task["eps"]:
                 base = {"dataset": name, "dim": dim, "cells": n, "scale": scale, "epsilon": eps, "workload": wname}
                 seed = seed_of(name, scale, wname, eps)
-                for mname in DPOPT_FIXED:
+                for mname in fixed:
                     t0 = time.perf_counter()
                     s = fitted[(wname, mname, eps)]
                     errs = data_error(_fixed_answer(s, Privacy(eps), Wsp, _pinv(n, mname, s)), W, X, task["trials"],
                                       np.random.default_rng(seed))
                     rows.append(_row(base, mname, "dpopt", errs, time.perf_counter() - t0, len(X) * task["trials"],
                                      strategy=s.name))
-                if dim == 1:
+                if dim == 1 and (only is None or "dawa-opt" in only):
                     rows.extend(_dawa_opt_rows(base, W, X, eps, task["trials"], seed))
                 if ek is not None:
-                    rows.extend(_ektelo_rows(base, ek[0], ek_W, Wsp, W, X, eps, task["trials"], seed, grid))
+                    rows.extend(_ektelo_rows(base, ek[0], ek_W, Wsp, W, X, eps, task["trials"], seed, grid, only))
         print(f"{name} scale {scale:g}: done", file=sys.stderr, flush=True)
     return rows
 
@@ -244,13 +250,16 @@ def _dawa_opt_rows(base: dict[str, Any], W: Workload, X: np.ndarray, eps: float,
 
 
 def _ektelo_rows(base: dict[str, Any], standalone: Any, ek_W: Any, Wsp: Any, W: Workload, X: np.ndarray,
-                 eps: float, trials: int, seed: int, grid: tuple[int, ...]) -> list[dict[str, Any]]:
+                 eps: float, trials: int, seed: int, grid: tuple[int, ...],
+                 only: set[str] | None = None) -> list[dict[str, Any]]:
     plans = {"Identity": standalone.Identity(), "HB": standalone.HB(grid), "Privelet": standalone.Privelet(grid)}
     if len(grid) == 1:
         plans["DAWA"] = standalone.Dawa(grid, DAWA_RATIO, False)
         plans["AHP"] = standalone.Ahp(AHP_ETA, AHP_RATIO)
     rows = []
     for name, plan in plans.items():
+        if only is not None and name not in only:
+            continue
         answer = _ek_answer(plan, ek_W, Wsp, grid)
         t0 = time.perf_counter()
         errs = data_error(lambda x, rng, a=answer: a(x, rng, eps), W, X, trials, np.random.default_rng(seed))
@@ -258,9 +267,50 @@ def _ektelo_rows(base: dict[str, Any], standalone: Any, ek_W: Any, Wsp: Any, W: 
     return rows
 
 
-def summary(df: pd.DataFrame, notes: list[str]) -> str:
+def _runs_note(df: pd.DataFrame) -> str:
+    """How many runs the table's rows hold (rows re-measured by --remeasure may hold more)."""
+    runs = df["runs"].astype(int)
+    return f"every row {runs.min()} runs" if runs.min() == runs.max() else f"rows hold {runs.min()} to {runs.max()} runs"
+
+
+def _expected_table(n: int) -> pd.DataFrame | None:
+    """Exact expected total squared error (eps = 1, Laplace) of dpopt's hierarchical and of Ektelo's HB strategy
+    on the 1-D workloads: both data-independent with least-squares inference, so 2 (||A||_1 / eps)^2
+    tr(W^T W (A^T A)^-1) is their error on any data; a sampled ratio away from 1 is sampling noise."""
+    ek = ektelo()
+    if ek is None or n <= 0:
+        return None
+    import scipy.linalg as sla
+    import scipy.sparse as sp
+    from ektelo.client import selection as ek_selection
+
+    A = sp.csr_matrix(ek_selection.HB((n,)).select().sparse_matrix())
+    sens = float(abs(A).sum(axis=0).max())
+    chol = sla.cho_factor((A.T @ A).toarray())
+    rows = []
+    for wname, W in workloads_1d(n).items():
+        wtw = W.gram()
+        wtw = wtw.toarray() if hasattr(wtw, "toarray") else np.asarray(wtw)
+        hb = 2.0 * sens**2 * float(np.trace(sla.cho_solve(chol, wtw)))
+        mech = make_mechanism("hierarchical").fit(W, Privacy(1.0))
+        ours = float(mech.expected_error_.total)
+        rows.append({"workload": wname, "cells": n, "dpopt_strategy": mech.strategy_.name,
+                     "dpopt_hierarchical": ours, "ektelo_HB": hb, "ratio": ours / hb})
+    return pd.DataFrame(rows)
+
+
+def _expected_note(n: int) -> list[str]:
+    return ["hierarchical and HB: see the exact expected errors below (equal strategies' errors are equal on any "
+            "data; the sampled hierarchical/HB column differs from 1 by sampling noise and Ektelo's iterative "
+            "least squares)."] if n and ektelo() is not None else []
+
+
+def summary(df: pd.DataFrame, notes: list[str], expected: pd.DataFrame | None = None) -> str:
     """The markdown report: notes, medians over data sets, and each 1-D row's ratios to DAWA and HB."""
     out = ["# DPBench: dpopt beside Ektelo (benchmarks/bench_dpbench.py)", "", *notes, ""]
+    if expected is not None:
+        out += ["## hierarchical beside Ektelo's HB: exact expected total squared error at eps = 1", "",
+                pipe_table(expected, list(expected.columns)), ""]
     med = (df.groupby(["dim", "scale", "epsilon", "workload", "mechanism"])["error"].median()
            .unstack("mechanism").reset_index())
     out += ["## Median error over data sets (||W x - W x_hat||_2 / m / scale; mean of each row's runs)", "",
@@ -306,6 +356,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="dpbench", help="file stem under benchmarks/results (default dpbench)")
     ap.add_argument("--resume", action="store_true",
                     help="keep the (data set, scale) parts an earlier run finished (results/OUT_parts/)")
+    ap.add_argument("--remeasure", default=None,
+                    help="with --resume: measure these mechanisms again (comma-separated, e.g. dawa-opt,DAWA) in the "
+                         "kept parts, replacing their rows (each row keeps its own runs); runs no missing part")
     ap.add_argument("--parts-only", action="store_true",
                     help="with --resume: run nothing, write the table from the finished parts (it says how many)")
     args = ap.parse_args(argv)
@@ -329,6 +382,12 @@ def main(argv: list[str] | None = None) -> int:
     done = [t for t in tasks if args.resume and Path(t["part"]).exists()]
     missing = [t for t in tasks if t not in done]
     tasks = [] if args.parts_only else missing
+    if args.remeasure:
+        only = {m.strip() for m in args.remeasure.split(",") if m.strip()}
+        known = {*DPOPT_FIXED, "dawa-opt", *EKTELO_1D}
+        if not args.resume or args.parts_only or not only or not only <= known:
+            ap.error(f"--remeasure takes names among {sorted(known)} and needs --resume without --parts-only")
+        tasks, done = [dict(t, only=only) for t in done], []
     t0 = time.perf_counter()
     with threadpool_limits(limits=1):  # the 1-D pseudo-inverses, shared with the workers by fork
         n1 = load_1d(names[0], merge).size if names and tasks else 0
@@ -346,28 +405,32 @@ def main(argv: list[str] | None = None) -> int:
             rows.extend(part)
     wall = time.perf_counter() - t0
     df = pd.DataFrame(rows)
+    n_cells = int(df.loc[df["dim"] == 1, "cells"].max()) if (df["dim"] == 1).any() else 0
     RESULTS.mkdir(parents=True, exist_ok=True)
     df.to_csv(RESULTS / f"{args.out}.csv", index=False)
     cmd = "python -m benchmarks.bench_dpbench " + " ".join(argv if argv is not None else sys.argv[1:])
     notes = [
         f"Command: `{cmd.strip()}`; {len(sets)} data sets, scales {scales}, eps {eps}, {args.samples} samples x "
-        f"{args.trials} trials per row, cells merged {merge}:1; research-mode noise, seeded.",
+        f"{args.trials} trials per row run now ({_runs_note(df)}), cells merged {merge}:1; research-mode noise, "
+        "seeded.",
         f"Runtime: {wall:.0f} s wall with {args.jobs} worker processes of one BLAS thread each for the "
         f"{len(tasks)} (data set, scale) parts run now ({len(done)} kept from an earlier run); seconds_per_run in "
         "the CSV is each mechanism's own wall time."
-        + (f" PARTIAL TABLE: {len(missing)} of {len(missing) + len(done)} (data set, scale) parts were not run "
-           f"(--parts-only); `--resume` runs them." if args.parts_only and missing else ""),
+        + (f" PARTIAL TABLE: {len(missing)} of {len(missing) + len(done)} (data set, scale) parts were not run"
+           "; `--resume` runs them." if (args.parts_only or args.remeasure) and missing else ""),
         "Ektelo: " + ("run from DPOPT_EKTELO_PATH (Identity, HB, Privelet, DAWA ratio 0.25 with the exact L1 "
                       "partition, AHP eta 0.35 ratio 0.85); see benchmarks/dpbench_notes.md for what its build "
                       "needed" if (df["source"] == "ektelo").any() else
                       "not importable here (set DPOPT_EKTELO_PATH to a built checkout): Ektelo columns absent"),
         "dawa-opt's partition noise has 1 to 2 times the scale of DAWA's (Delta_B + Delta_max over eps1 for a "
-        "bucket B: the report-noisy-min argument in dpopt/partition.py); its second stage is mm-optimal on the buckets up to 512 buckets, else the best of "
-        "identity, hierarchical and wavelet.",
+        "bucket B: the report-noisy-min argument in dpopt/partition.py; DAWA's (Delta_B + Delta_max) / (2 eps1) "
+        "is not covered by it); its second stage is mm-optimal on the buckets up to 512 buckets, else the best "
+        "of identity, hierarchical and wavelet.",
+        *_expected_note(n_cells),
         "Not run here: mm-optimal and hdmm on the 4096-cell domain (minutes per fit under eps-DP), and Ektelo's "
         "DAWA and dawa-opt on 2-D data (DAWA's exact partition of 65,536 cells is quadratic).",
     ]
-    (RESULTS / f"{args.out}.md").write_text(summary(df, notes))
+    (RESULTS / f"{args.out}.md").write_text(summary(df, notes, _expected_table(n_cells) if ek else None))
     print(f"wrote {RESULTS / (args.out + '.md')} in {wall:.0f} s", file=sys.stderr)
     return 0
 

@@ -20,9 +20,16 @@ monotone and 1-Lipschitz, so the argument holds for the clipped costs. DAWA's pa
 about Delta_max / eps1 to every bucket but a single cell (none there); we use the scale this argument proves,
 from Delta_max / eps1 (single cells) to 2 Delta_max / eps1 (the longest buckets).
 
-Candidate buckets: every interval whose length is in `candidate_lengths(n)` (all lengths up to 16, then a
-geometric grid of ratio 2^(1/4)); the family does not depend on the data, as the argument requires. DAWA's
-own fast variant uses the powers of 2 only.
+Median deviation (deviation="median"): dev(B) = min_c sum_{i in B} |x_i - c|, the L1 bias of the best constant,
+moves by at most Delta_B = 1 (a minimum over c of functions each 1-Lipschitz in x_i), so its noise scale is
+2 / eps1 whatever the bucket's length; it lies between half of DAWA's dev(B) and all of it (the mean's bias is at most
+twice the median's).
+
+Candidate buckets (`candidate_family`): every interval of up to 2R - 1 cells, and every interval of j g cells
+(g = 2^k, j = R .. 2R - 1) starting at a multiple of g, R = 16: every length to within 1/16, a boundary
+anywhere to within 1/16 of the buckets beside it, about 2 R n candidates, found by a dynamic program over the
+ends. The family does not depend on the data, as the argument requires; DAWA's exact variant uses every
+interval (n^2 / 2), its fast one the powers of 2 only.
 """
 
 from __future__ import annotations
@@ -33,89 +40,127 @@ import numpy as np
 
 from dpopt.validation import check_positive_int
 
-# All interval lengths up to this are candidates; longer ones follow a geometric grid of ratio LENGTH_RATIO.
-ALL_LENGTHS_UP_TO = 16
-LENGTH_RATIO = 2 ** 0.25
-# Elements of one block of the sliding-window deviation computation (bounds its memory to about 8 * this B).
+# Bucket candidates (`candidate_family`): every length below 2 * RESOLUTION at every start; a length L in
+# [RESOLUTION g, 2 RESOLUTION g), g = 2^k, at starts that are multiples of g (both ends then lie on that grid).
+RESOLUTION = 16
+# Elements of one block of the window deviation computation (bounds its memory to about 8 * this B).
 DEV_BLOCK_ELEMENTS = 4_000_000
+DEVIATIONS = ("mean", "median")
 
 
-def candidate_lengths(n: int) -> np.ndarray:
-    """The bucket lengths the partition may use over n cells: 1..ALL_LENGTHS_UP_TO, then round(16 r^j) <= n."""
+def candidate_family(n: int, resolution: int = RESOLUTION) -> list[tuple[int, np.ndarray]]:
+    """The data-independent bucket family over n cells as (step g, lengths) pairs: g = 1 with every length
+    1 .. 2R - 1, then g = 2^k with lengths j g, j = R .. 2R - 1, all starts multiples of g (R = resolution),
+    and the whole domain. Every length is a candidate to within 1/R of itself, and a boundary may fall at any
+    multiple of 1/R of the adjacent buckets' lengths, with about 2 R n candidates in all."""
     n = check_positive_int(n, "n")
-    out = set(range(1, min(n, ALL_LENGTHS_UP_TO) + 1))
-    length = float(ALL_LENGTHS_UP_TO)
-    while True:
-        length *= LENGTH_RATIO
-        if round(length) > n:
-            break
-        out.add(int(round(length)))
-    out.add(n)
-    return np.array(sorted(out), dtype=np.int64)
+    resolution = check_positive_int(resolution, "resolution")
+    family = [(1, np.arange(1, min(n, 2 * resolution - 1) + 1, dtype=np.int64))]
+    g = 2
+    while resolution * g <= n:
+        lengths = g * np.arange(resolution, 2 * resolution, dtype=np.int64)
+        family.append((g, lengths[lengths <= n]))
+        g *= 2
+    if not any(n in lengths for _, lengths in family):
+        family.append((n, np.array([n], dtype=np.int64)))
+    return family
 
 
-def interval_deviations(x: np.ndarray, length: int) -> np.ndarray:
-    """dev(B) = sum_{i in B} |x_i - mean_B(x)| for every interval B of `length` cells, by start (n - length + 1,)
-    (Li, Hay and Miklau 2014, Sec. 3: the L1 deviation of a bucket)."""
+def family_lengths(family: list[tuple[int, np.ndarray]]) -> np.ndarray:
+    """The distinct bucket lengths of a candidate family (sorted)."""
+    return np.unique(np.concatenate([lengths for _, lengths in family]))
+
+
+def interval_deviations(x: np.ndarray, length: int, step: int = 1, deviation: str = "mean") -> np.ndarray:
+    """dev(B) of every interval B of `length` cells starting at a multiple of `step`, by start: the L1 deviation
+    sum_{i in B} |x_i - mean_B(x)| (Li, Hay and Miklau 2014, Sec. 3), or with deviation="median" the least L1
+    deviation min_c sum_{i in B} |x_i - c| (attained at a median of B's counts)."""
     x = np.asarray(x, dtype=float)
     n = x.size
     if not 1 <= length <= n:
         raise ValueError(f"length must lie in 1..{n}, got {length}")
+    if deviation not in DEVIATIONS:
+        raise ValueError(f"deviation must be one of {DEVIATIONS}, got {deviation!r}")
+    windows = np.lib.stride_tricks.sliding_window_view(x, length)[::step]
     if length == 1:
-        return np.zeros(n)
-    csum = np.concatenate([[0.0], np.cumsum(x)])
-    means = (csum[length:] - csum[:-length]) / length
-    windows = np.lib.stride_tricks.sliding_window_view(x, length)
+        return np.zeros(windows.shape[0])
     out = np.empty(windows.shape[0])
-    step = max(1, DEV_BLOCK_ELEMENTS // length)
-    for lo in range(0, windows.shape[0], step):
-        hi = min(lo + step, windows.shape[0])
-        out[lo:hi] = np.abs(windows[lo:hi] - means[lo:hi, None]).sum(axis=1)
+    block = max(1, DEV_BLOCK_ELEMENTS // length)
+    for lo in range(0, windows.shape[0], block):
+        w = windows[lo:lo + block]
+        centre = w.mean(axis=1) if deviation == "mean" else np.median(w, axis=1)
+        out[lo:lo + block] = np.abs(w - centre[:, None]).sum(axis=1)
     return out
 
 
-def partition_sensitivity(lengths: np.ndarray) -> float:
-    """Delta_max = 2 (1 - 1 / max length): the most one cell's change moves any candidate's dev (module docstring)."""
-    return 2.0 * (1.0 - 1.0 / float(np.max(lengths)))
+def deviation_sensitivity(length: int, deviation: str = "mean") -> float:
+    """Delta_B: the most one record (one cell's count moving by 1) moves dev(B) of a `length`-cell bucket:
+    2 (1 - 1/|B|) for the mean deviation (x_i's own term by 1 - 1/|B|, the others' together by (|B| - 1)/|B|);
+    1 for the median deviation (a minimum over c of functions each 1-Lipschitz in x_i); 0 for one cell."""
+    if length <= 1:
+        return 0.0
+    return 2.0 * (1.0 - 1.0 / float(length)) if deviation == "mean" else 1.0
 
 
-def noise_sensitivity(length: int, lengths: np.ndarray) -> float:
+def partition_sensitivity(lengths: np.ndarray, deviation: str = "mean") -> float:
+    """Delta_max: the most one record moves any candidate's dev (module docstring)."""
+    return max(deviation_sensitivity(int(L), deviation) for L in np.atleast_1d(lengths))
+
+
+def noise_sensitivity(length: int, lengths: np.ndarray, deviation: str = "mean") -> float:
     """Delta_B + Delta_max for a bucket of `length` cells: the sensitivity its cost noise is calibrated to
     (Laplace scale (Delta_B + Delta_max) / eps1; module docstring)."""
-    return 2.0 * (1.0 - 1.0 / float(length)) + partition_sensitivity(lengths)
+    return deviation_sensitivity(int(length), deviation) + partition_sensitivity(lengths, deviation)
 
 
 def l1_partition(
     x: np.ndarray,
     bucket_cost: float,
     perturb: Callable[[np.ndarray, float], np.ndarray],
-    lengths: np.ndarray | None = None,
+    family: list[tuple[int, np.ndarray]] | None = None,
+    deviation: str = "mean",
 ) -> np.ndarray:
-    """DAWA's private L1 partition (Li, Hay and Miklau 2014, Sec. 3, Algorithm 1 over a fixed family of buckets).
+    """DAWA's private L1 partition (Li, Hay and Miklau 2014, Sec. 3, Algorithm 1) over a fixed bucket family.
 
     x: data vector (n,); bucket_cost: c, the cost of one more bucket (DAWA: 1/eps2, the expected absolute
     Laplace noise of a bucket's count); perturb(costs, sensitivity): adds the partition's noise (research:
-    `dpopt.privacy.research_perturb(Privacy(eps1), rng)`; release: OpenDP's Laplace), called once with every
-    candidate's cost and `noise_sensitivity(lengths)`. Returns the bucket edges e_0 = 0 < e_1 < ... < e_k = n
-    (bucket j is cells e_j .. e_{j+1} - 1), from which x's data enters only through the noisy costs.
+    `dpopt.privacy.research_perturb(Privacy(eps1), rng)`; release: OpenDP's Laplace), called once per candidate
+    length with its candidates' costs and `noise_sensitivity`; family: `candidate_family(n)` by default;
+    deviation: "mean" (DAWA's) or "median". Returns the bucket edges e_0 = 0 < e_1 < ... < e_k = n (bucket j is
+    cells e_j .. e_{j+1} - 1), from which x's data enters only through the noisy costs.
     """
     x = np.asarray(x, dtype=float).ravel()
     n = x.size
-    lengths = candidate_lengths(n) if lengths is None else np.asarray(lengths, dtype=np.int64)
-    cost = np.full((len(lengths), n), np.inf)  # cost[j, s]: the bucket of lengths[j] cells starting at s
-    for j, L in enumerate(lengths):
-        dev = interval_deviations(x, int(L)) + bucket_cost
-        noisy = np.asarray(perturb(dev, noise_sensitivity(int(L), lengths)), dtype=float)
-        cost[j, :dev.size] = np.maximum(noisy, bucket_cost)  # a cost is at least c: clipping is post-processing
-    rows = np.arange(len(lengths))
+    family = candidate_family(n) if family is None else family
+    lengths_all = family_lengths(family)
+    if lengths_all.max() > n:
+        raise ValueError(f"the candidate family has buckets of {lengths_all.max()} cells; the data has {n}")
+    dmax = partition_sensitivity(lengths_all, deviation)
+    # costs[k][j, s // g]: the bucket of lengths[j] cells starting at s (a multiple of g) in family entry k
+    costs = []
+    for g, lengths in family:
+        table = np.full((len(lengths), n // g + 1), np.inf)
+        for j, L in enumerate(lengths):
+            dev = interval_deviations(x, int(L), g, deviation) + bucket_cost
+            sens = deviation_sensitivity(int(L), deviation) + dmax
+            noisy = np.asarray(perturb(dev, sens), dtype=float)
+            table[j, :dev.size] = np.maximum(noisy, bucket_cost)  # a cost is at least c: clipping is post-processing
+        costs.append(table)
     best = np.full(n + 1, np.inf)
     best[0] = 0.0
     choice = np.zeros(n + 1, dtype=np.int64)
     for end in range(1, n + 1):
-        starts = np.maximum(end - lengths, 0)  # lengths above `end` get start 0 and cost inf (masked below)
-        totals = np.where(lengths <= end, best[starts] + cost[rows, starts], np.inf)
-        k = int(np.argmin(totals))
-        best[end], choice[end] = totals[k], lengths[k]
+        for (g, lengths), table in zip(family, costs, strict=True):
+            if end % g:
+                continue
+            ok = lengths <= end
+            if not ok.any():
+                continue
+            starts = end - lengths[ok]
+            totals = best[starts] + table[np.flatnonzero(ok), starts // g]
+            k = int(np.argmin(totals))
+            if totals[k] < best[end]:
+                best[end], choice[end] = totals[k], lengths[ok][k]
     edges = [n]
     while edges[-1] > 0:
         edges.append(edges[-1] - int(choice[edges[-1]]))

@@ -8,6 +8,7 @@ test runs `dpopt answer` end to end with a ledger file.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 import math
@@ -20,8 +21,10 @@ from dpopt.cli import main
 from dpopt.mechanisms import make_mechanism
 from dpopt.partition import (
     bucket_sums,
-    candidate_lengths,
+    candidate_family,
+    deviation_sensitivity,
     expansion,
+    family_lengths,
     interval_deviations,
     l1_partition,
     noise_sensitivity,
@@ -39,17 +42,94 @@ def _no_noise(y: np.ndarray, sensitivity: float) -> np.ndarray:
 def test_deviations_match_a_loop():
     x = np.random.default_rng(0).integers(0, 9, 40).astype(float)
     for L in (1, 2, 5, 17, 40):
-        want = [np.abs(x[s:s + L] - x[s:s + L].mean()).sum() for s in range(40 - L + 1)]
-        assert np.allclose(interval_deviations(x, L), want, rtol=1e-12, atol=1e-12)
+        for step in (1, 2, 3):
+            starts = range(0, 40 - L + 1, step)
+            mean = [np.abs(x[s:s + L] - x[s:s + L].mean()).sum() for s in starts]
+            med = [np.abs(x[s:s + L] - np.median(x[s:s + L])).sum() for s in starts]
+            assert np.allclose(interval_deviations(x, L, step), mean, rtol=1e-12, atol=1e-12)
+            assert np.allclose(interval_deviations(x, L, step, "median"), med, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("deviation", ["mean", "median"])
+def test_one_record_moves_a_deviation_by_at_most_its_sensitivity(deviation):
+    # every cell of every bucket of 1..12 cells, one record added or removed: |dev(x') - dev(x)| <= Delta_B, and
+    # the bound is attained (it is not loose by construction: sparse data put every record at one end)
+    rng = np.random.default_rng(5)
+    worst = {}
+    for _ in range(200):
+        L = int(rng.integers(1, 13))
+        x = rng.integers(0, 4, L).astype(float) * (rng.random(L) < 0.5)
+        for i in range(L):
+            for d in (1.0, -1.0):
+                y = x.copy()
+                y[i] += d
+                if y[i] < 0:
+                    continue
+                move = abs(interval_deviations(y, L, 1, deviation)[0] - interval_deviations(x, L, 1, deviation)[0])
+                assert move <= deviation_sensitivity(L, deviation) + 1e-12
+                worst[L] = max(worst.get(L, 0.0), move)
+    for L in (2, 5, 8):
+        assert worst[L] >= deviation_sensitivity(L, deviation) - 1e-12
 
 
 def test_noise_calibration_written_out():
-    lengths = candidate_lengths(64)
-    assert lengths.max() == 64 and set(range(1, 17)) <= set(lengths.tolist())
+    family = candidate_family(64)
+    lengths = family_lengths(family)
+    # every length to 31 at every start; even lengths 32..62 at even starts; the whole domain
+    assert lengths.tolist() == [*range(1, 32), *range(32, 63, 2), 64]
+    assert [g for g, _ in family] == [1, 2, 4]
     dmax = 2 * (1 - 1 / 64)
     assert partition_sensitivity(lengths) == dmax
     assert noise_sensitivity(1, lengths) == dmax  # a single cell's cost never moves: Delta_B = 0
     assert noise_sensitivity(64, lengths) == 2 * dmax
+    assert partition_sensitivity(lengths, "median") == 1.0
+    assert noise_sensitivity(1, lengths, "median") == 1.0 and noise_sensitivity(64, lengths, "median") == 2.0
+
+
+def test_family_lengths_cover_every_size_to_within_its_resolution():
+    n = 4096
+    family = candidate_family(n)
+    lengths = family_lengths(family)
+    assert lengths.min() == 1 and lengths.max() == n
+    assert np.all(np.diff(lengths[lengths <= 32]) == 1)  # every length up to 32
+    long = lengths[lengths >= 16]
+    assert (np.diff(long) / long[:-1]).max() <= 1 / 16 + 1e-12  # then the next is at most 1/16 longer
+    for g, ls in family:
+        assert np.all(ls % g == 0) and ls.max() <= n
+
+
+def _best_tiling(x: np.ndarray, c: float, family) -> float:
+    """The least sum of (dev + c) over tilings of x by the family's buckets, by exhaustive recursion."""
+
+    n = x.size
+
+    @functools.cache
+    def best(start: int) -> float:
+        if start == n:
+            return 0.0
+        out = np.inf
+        for g, ls in family:
+            if start % g:
+                continue
+            for L in ls:
+                if start + L <= n:
+                    dev = float(np.abs(x[start:start + L] - x[start:start + L].mean()).sum())
+                    out = min(out, dev + c + best(start + int(L)))
+        return out
+
+    return best(0)
+
+
+def test_dynamic_program_finds_the_least_cost_tiling():
+    rng = np.random.default_rng(2)
+    for n in (13, 37, 50):
+        family = candidate_family(n, resolution=3)
+        x = rng.poisson(3.0, n).astype(float) * np.repeat(rng.random(5) < 0.6, -(-n // 5))[:n]
+        edges = l1_partition(x, bucket_cost=2.0, perturb=_no_noise, family=family)
+        cost = sum(np.abs(x[a:b] - x[a:b].mean()).sum() + 2.0 for a, b in zip(edges[:-1], edges[1:], strict=True))
+        assert cost == pytest.approx(_best_tiling(x, 2.0, family), rel=1e-12, abs=1e-9)
+        for a, b in zip(edges[:-1], edges[1:], strict=True):  # every bucket is a candidate
+            assert any(a % g == 0 and (b - a) in ls for g, ls in family)
 
 
 def test_partition_finds_constant_blocks_without_noise():

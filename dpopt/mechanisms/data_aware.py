@@ -33,9 +33,11 @@ import scipy.sparse as sp
 
 from dpopt.mechanisms.base import FitInfo, Mechanism, MechanismError, Selection
 from dpopt.partition import (
+    DEVIATIONS,
     bucket_sums,
-    candidate_lengths,
+    candidate_family,
     expansion,
+    family_lengths,
     l1_partition,
     noise_sensitivity,
 )
@@ -45,6 +47,8 @@ from dpopt.strategy import StrategyError
 from dpopt.validation import check_choice, check_finite_vector
 from dpopt.workloads import ExplicitWorkload, Kron, Workload, as_workload
 
+# The partition's cost: DAWA's mean deviation, or the median deviation (half its sensitivity; module docstring).
+DEFAULT_DEVIATION = "mean"
 # DAWA's budget share of the partition (Li, Hay and Miklau 2014 and DPBench run it at 0.25).
 DEFAULT_RATIO = 0.25
 # Up to this many buckets the second stage solves the convex optimum on W P (a k x k problem); beyond it, the
@@ -131,10 +135,16 @@ class DataAwareMechanism(Mechanism):
 
     def __init__(self, ratio: float = DEFAULT_RATIO, inference: str = "ls",
                  max_optimal_buckets: int = MAX_OPTIMAL_BUCKETS,
-                 negative_fraction: float = NNLS_NEGATIVE_FRACTION) -> None:
+                 negative_fraction: float = NNLS_NEGATIVE_FRACTION, deviation: str = DEFAULT_DEVIATION,
+                 cost_scale: float = 1.0) -> None:
         if not (isinstance(ratio, (int, float)) and 0 < float(ratio) < 1):
             raise ValueError(f"ratio must lie strictly between 0 and 1, got {ratio!r}")
+        if not (isinstance(cost_scale, (int, float)) and 0 < float(cost_scale) < math.inf):
+            raise ValueError(f"cost_scale must be a positive number, got {cost_scale!r}")
         check_choice(inference, INFERENCES, "inference")
+        check_choice(deviation, DEVIATIONS, "deviation")
+        self.deviation = deviation
+        self.cost_scale = float(cost_scale)
         self.ratio = float(ratio)
         self.inference = inference
         self.max_optimal_buckets = int(max_optimal_buckets)
@@ -161,7 +171,8 @@ class DataAwareMechanism(Mechanism):
         self.privacy_ = privacy
         self.partition_privacy_ = Privacy(eps1)
         self.stage_privacy_ = Privacy(privacy.epsilon - eps1, privacy.delta, calibration=privacy.calibration)
-        self.lengths_ = candidate_lengths(given.n)
+        self.family_ = candidate_family(given.n)
+        self.lengths_ = family_lengths(self.family_)
         self._W = given.sparse()  # W P is formed once per partition, from W's stored rows
         self.strategy_ = None  # chosen for each data set (see answer and release)
         self.expected_error_ = None
@@ -180,13 +191,13 @@ class DataAwareMechanism(Mechanism):
         """c: the expected absolute noise of one bucket's count in the second stage (1/eps2 for Laplace, as DAWA;
         sigma sqrt(2/pi) for Gaussian noise)."""
         p = self.stage_privacy_
-        return p.noise_scale(1.0) * (1.0 if p.is_pure else math.sqrt(2.0 / math.pi))
+        return self.cost_scale * p.noise_scale(1.0) * (1.0 if p.is_pure else math.sqrt(2.0 / math.pi))
 
     def partition(self, x: np.ndarray, perturb: Perturb) -> np.ndarray:
         """The bucket edges from `dpopt.partition.l1_partition` with the partition's noise drawn by perturb."""
         self._check_fitted()
         x = check_finite_vector(x, "data vector x", self.workload_.n)
-        return l1_partition(x, self.bucket_cost(), perturb, self.lengths_)
+        return l1_partition(x, self.bucket_cost(), perturb, self.family_, self.deviation)
 
     def reduced_workload(self, edges: np.ndarray) -> ExplicitWorkload:
         """W P (m x k): the workload on the buckets, each bucket's total spread uniformly over its cells."""
@@ -274,8 +285,8 @@ class DataAwareMechanism(Mechanism):
         x = check_finite_vector(x, "data vector x", self.workload_.n)
         # one OpenDP Laplace measurement per bucket length, each at its own scale; the partition as a whole is
         # eps1-DP (dpopt.partition), charged once, before any of its noise is drawn
-        plans = {float(noise_sensitivity(int(L), self.lengths_)): _noise_plan(
-            _Sensitivity(noise_sensitivity(int(L), self.lengths_)), self.partition_privacy_) for L in self.lengths_}
+        sens = {float(noise_sensitivity(int(L), self.lengths_, self.deviation)) for L in self.lengths_}
+        plans = {s: _noise_plan(_Sensitivity(s), self.partition_privacy_) for s in sens}
         cost = max((p[3] for p in plans.values()), key=lambda c: c.epsilon)
         name = label or f"{self.short_name} on {self.workload_.name}"
         # refuse before any charge when the ledger cannot hold the whole budget: the partition alone would be
