@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 import scipy.sparse as sp
 
+from dpopt.bounds import EPS, svdb_from_singular_value_bounds
 from dpopt.mechanisms.base import FitInfo, Mechanism, MechanismError, Selection
 from dpopt.partition import (
     DEVIATIONS,
@@ -214,10 +215,7 @@ class DataAwareMechanism(Mechanism):
 
         wp = self.reduced_workload(edges)
         k = wp.n
-        G = wp.gram()
-        lam, U = np.linalg.eigh((G + G.T) / 2)
-        V = (U * np.sqrt(np.clip(lam, 0.0, None))).T  # V^T V = G
-        factor = ExplicitWorkload(V, name=f"factor of {wp.name}")
+        factor = _ReducedFactor(wp.gram(), name=f"factor of {wp.name}")
         names = ("mm-optimal",) if k <= self.max_optimal_buckets else BASELINE_STAGES
         best: Mechanism | None = None
         for name in names:
@@ -331,6 +329,28 @@ class DataAwareMechanism(Mechanism):
             "fit_cpu_seconds": self.fit_info_.cpu_seconds, "solver": self.fit_info_.solver, "status": why,
             "iterations": 0, "gap": None,
         }
+
+
+class _ReducedFactor(ExplicitWorkload):
+    """V (k x k) with V^T V = G = (W P)^T W P from one eigendecomposition G = U diag(lam) U^T (V = diag(lam)^1/2 U^T);
+    it keeps G and SVDB(W P) = (1/k)(sum_i sqrt(lam_i))^2 (seed 004 Prop. 4.3, each eigenvalue lowered by its
+    round-off bound as `dpopt.bounds.gram_singular_value_lower_bounds` does), so the second stage's candidates
+    read them instead of forming V^T V and decomposing it again."""
+
+    def __init__(self, G: np.ndarray, name: str) -> None:
+        G = (G + G.T) / 2
+        lam, U = np.linalg.eigh(G)
+        super().__init__((U * np.sqrt(np.clip(lam, 0.0, None))).T, name=name)
+        self._G = G
+        err = 2.0 * G.shape[0] * EPS * float(np.max(np.abs(lam)))
+        self._svdb = svdb_from_singular_value_bounds(np.sqrt(np.clip(lam - err, 0.0, None)), G.shape[0],
+                                                     term_rel_err=EPS)
+
+    def gram(self) -> np.ndarray:
+        return self._G.copy()
+
+    def svd_bound(self) -> float:
+        return self._svdb
 
 
 class _Sensitivity:
