@@ -424,8 +424,10 @@ def main(argv: list[str] | None = None) -> int:
                       "not importable here (set DPOPT_EKTELO_PATH to a built checkout): Ektelo columns absent"),
         "dawa-opt's partition noise has 1 to 2 times the scale of DAWA's (Delta_B + Delta_max over eps1 for a "
         "bucket B: the report-noisy-min argument in dpopt/partition.py; DAWA's (Delta_B + Delta_max) / (2 eps1) "
-        "is not covered by it); its second stage is mm-optimal on the buckets up to 512 buckets, else the best "
-        "of identity, hierarchical and wavelet.",
+        "is not covered by it), over buckets of every length to within 1/16 with ends on a grid of 1/16 of "
+        "their length (`dpopt.partition.candidate_family`; DAWA's exact partition takes every interval); its "
+        "second stage is mm-optimal on the buckets up to 512 buckets, else the best of identity, hierarchical "
+        "and wavelet.",
         *_expected_note(n_cells),
         "Not run here: mm-optimal and hdmm on the 4096-cell domain (minutes per fit under eps-DP), and Ektelo's "
         "DAWA and dawa-opt on 2-D data (DAWA's exact partition of 65,536 cells is quadratic).",
