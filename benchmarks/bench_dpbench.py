@@ -331,13 +331,18 @@ def summary(df: pd.DataFrame, notes: list[str], expected: pd.DataFrame | None = 
             ratios[f"{col}/DAWA"] = piv[col] / piv["DAWA"]
         ratios["dawa-opt_se/DAWA"] = se["dawa-opt"] / piv["DAWA"]
         ratios["DAWA_se/DAWA"] = se["DAWA"] / piv["DAWA"]
+        # the difference in standard errors of the two means (independent runs): above 2, dpopt's is higher
+        # beyond what the rows' sampling explains
+        ratios["z(dawa-opt - DAWA)"] = (piv["dawa-opt"] - piv["DAWA"]) / np.hypot(se["dawa-opt"], se["DAWA"])
     if "HB" in piv:
         ratios["hierarchical/HB"] = piv["hierarchical"] / piv["HB"]
     out += ["## Every 1-D row: ratios (below 1: dpopt's is lower)", "", pipe_table(ratios, list(ratios.columns)), ""]
     counts = []
+    z = ratios.get("z(dawa-opt - DAWA)")
     for col in [c for c in ratios.columns if "/" in c and "_se" not in c]:
         r = ratios[col]
         counts.append({"ratio": col, "rows": int(r.notna().sum()), "at_or_below_1": int((r <= 1).sum()),
+                       "above_by_2_se": int((z > 2).sum()) if col == "dawa-opt/DAWA" and z is not None else "",
                        "median": float(r.median()), "max": float(r.max())})
     if counts:
         out += ["## Ratio summary over the 1-D rows", "", pipe_table(pd.DataFrame(counts), list(counts[0])), ""]
