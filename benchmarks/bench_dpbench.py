@@ -8,7 +8,7 @@ one (data set, scale, eps, workload, mechanism): the mean error over the K_s x t
 error; the summary gives medians over data sets and each 1-D row's ratios to Ektelo's DAWA and HB.
 
 dpopt's mechanisms: identity, hierarchical (Qardaji et al.'s branching, no root: dpopt's HB), wavelet, and the
-data-aware dawa-opt (DAWA's private partition, then mm-optimal on the buckets, least-squares answers), whose
+data-aware dawa-opt (DAWA's private partition, then hdmm on the buckets, least-squares answers), whose
 NNLS answers and the rule's (NNLS when a tenth of the bucket estimates are negative) from the same runs are
 reported too (dawa-opt:nnls, dawa-opt:auto) to measure the inference rule. The
 best data-independent dpopt mechanism of a row is the least of identity, hierarchical and wavelet (mm-optimal
@@ -431,8 +431,8 @@ def main(argv: list[str] | None = None) -> int:
         "bucket B: the report-noisy-min argument in dpopt/partition.py; DAWA's (Delta_B + Delta_max) / (2 eps1) "
         "is not covered by it), over buckets of every length to within 1/16 with ends on a grid of 1/16 of "
         "their length (`dpopt.partition.candidate_family`; DAWA's exact partition takes every interval); its "
-        "second stage is mm-optimal on the buckets up to 512 buckets, else the best of identity, hierarchical "
-        "and wavelet.",
+        "second stage is hdmm (eps-DP's Laplace-error optimum) on the buckets up to 256 buckets, else the "
+        "best of identity, hierarchical and wavelet.",
         *_expected_note(n_cells),
         "Not run here: mm-optimal and hdmm on the 4096-cell domain (minutes per fit under eps-DP), and Ektelo's "
         "DAWA and dawa-opt on 2-D data (DAWA's exact partition of 65,536 cells is quadratic).",
