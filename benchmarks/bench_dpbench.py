@@ -270,7 +270,11 @@ def _ektelo_rows(base: dict[str, Any], standalone: Any, ek_W: Any, Wsp: Any, W: 
 def _runs_note(df: pd.DataFrame) -> str:
     """How many runs the table's rows hold (rows re-measured by --remeasure may hold more)."""
     runs = df["runs"].astype(int)
-    return f"every row {runs.min()} runs" if runs.min() == runs.max() else f"rows hold {runs.min()} to {runs.max()} runs"
+    if runs.min() == runs.max():
+        return f"every row {runs.min()} runs"
+    more = sorted(df.loc[runs > runs.min(), "mechanism"].unique())
+    return (f"rows hold {runs.min()} to {runs.max()} runs: those of {', '.join(more)} were measured again with "
+            "`--remeasure` and more trials (the CSV's runs column)")
 
 
 def _expected_table(n: int) -> pd.DataFrame | None:
