@@ -64,8 +64,14 @@ def svdb_from_singular_value_bounds(
 
 def gram_singular_value_lower_bounds(G: np.ndarray) -> np.ndarray:
     """sqrt(max(lambda_i - 2 n eps lambda_max, 0)) over eigvalsh(G): lower bounds on the singular values of W."""
-    lam = np.linalg.eigvalsh((G + G.T) / 2)
-    err = 2.0 * G.shape[0] * EPS * float(np.max(np.abs(lam)))
+    return eigenvalue_singular_value_lower_bounds(np.linalg.eigvalsh((G + G.T) / 2))
+
+
+def eigenvalue_singular_value_lower_bounds(lam: np.ndarray) -> np.ndarray:
+    """sqrt(max(lambda_i - 2 n eps lambda_max, 0)) over the n computed eigenvalues of a Gram matrix W^T W (any
+    backward-stable symmetric eigensolver): lower bounds on the singular values of W."""
+    lam = np.asarray(lam, dtype=float)
+    err = 2.0 * lam.size * EPS * float(np.max(np.abs(lam)))
     return np.sqrt(np.clip(lam - err, 0.0, None))
 
 

@@ -44,6 +44,7 @@ def test_summary_z_is_the_difference_in_standard_errors():
     header = next(x for x in text.splitlines() if x.startswith("| dataset |"))
     cells = dict(zip([c.strip() for c in header.strip("|").split("|")],
                      [c.strip() for c in line.strip("|").split("|")], strict=True))
+    # the table prints 4 significant digits: rel 1e-3 is its rounding
     assert float(cells["z(dawa-opt - DAWA)"]) == pytest.approx(0.3 / math.hypot(0.1, 0.1), rel=1e-3)
     summary_row = next(x for x in text.splitlines() if x.startswith("| dawa-opt/DAWA |"))
     assert summary_row.split("|")[4].strip() == "1"  # above_by_2_se: z = 2.12 > 2

@@ -66,6 +66,7 @@ def test_one_record_moves_a_deviation_by_at_most_its_sensitivity(deviation):
                 if y[i] < 0:
                     continue
                 move = abs(interval_deviations(y, L, 1, deviation)[0] - interval_deviations(x, L, 1, deviation)[0])
+                # dev is a sum of at most 12 terms of size < 10: its round-off is below 1e-13, so 1e-12 is slack
                 assert move <= deviation_sensitivity(L, deviation) + 1e-12
                 worst[L] = max(worst.get(L, 0.0), move)
     for L in (2, 5, 8):
@@ -127,6 +128,7 @@ def test_dynamic_program_finds_the_least_cost_tiling():
         x = rng.poisson(3.0, n).astype(float) * np.repeat(rng.random(5) < 0.6, -(-n // 5))[:n]
         edges = l1_partition(x, bucket_cost=2.0, perturb=_no_noise, family=family)
         cost = sum(np.abs(x[a:b] - x[a:b].mean()).sum() + 2.0 for a, b in zip(edges[:-1], edges[1:], strict=True))
+        # the same bucket costs summed in another order: round-off of a few ulps of a sum below 1e4
         assert cost == pytest.approx(_best_tiling(x, 2.0, family), rel=1e-12, abs=1e-9)
         for a, b in zip(edges[:-1], edges[1:], strict=True):  # every bucket is a candidate
             assert any(a % g == 0 and (b - a) in ls for g, ls in family)

@@ -32,7 +32,11 @@ import numpy as np
 import pandas as pd
 import scipy.sparse as sp
 
-from dpopt.bounds import EPS, svdb_from_singular_value_bounds
+from dpopt.bounds import (
+    EPS,
+    eigenvalue_singular_value_lower_bounds,
+    svdb_from_singular_value_bounds,
+)
 from dpopt.mechanisms.base import FitInfo, Mechanism, MechanismError, Selection
 from dpopt.partition import (
     DEVIATIONS,
@@ -347,7 +351,7 @@ class DataAwareMechanism(Mechanism):
 class _ReducedFactor(ExplicitWorkload):
     """V (k x k) with V^T V = G = (W P)^T W P from one eigendecomposition G = U diag(lam) U^T (V = diag(lam)^1/2 U^T);
     it keeps G and SVDB(W P) = (1/k)(sum_i sqrt(lam_i))^2 (seed 004 Prop. 4.3, each eigenvalue lowered by its
-    round-off bound as `dpopt.bounds.gram_singular_value_lower_bounds` does), so the second stage's candidates
+    round-off bound by `dpopt.bounds.eigenvalue_singular_value_lower_bounds`), so the second stage's candidates
     read them instead of forming V^T V and decomposing it again."""
 
     def __init__(self, G: np.ndarray, name: str) -> None:
@@ -355,8 +359,7 @@ class _ReducedFactor(ExplicitWorkload):
         lam, U = np.linalg.eigh(G)
         super().__init__((U * np.sqrt(np.clip(lam, 0.0, None))).T, name=name)
         self._G = G
-        err = 2.0 * G.shape[0] * EPS * float(np.max(np.abs(lam)))
-        self._svdb = svdb_from_singular_value_bounds(np.sqrt(np.clip(lam - err, 0.0, None)), G.shape[0],
+        self._svdb = svdb_from_singular_value_bounds(eigenvalue_singular_value_lower_bounds(lam), G.shape[0],
                                                      term_rel_err=EPS)
 
     def gram(self) -> np.ndarray:
