@@ -297,7 +297,7 @@ def tables(df: pd.DataFrame, how: str, args: argparse.Namespace) -> str:
         "cost of that noise (max diag R^T R per attribute); rpp_max_claimed is its own report, which charges R the",
         "cost max diag R^T (R R^T)^-1 R of correlated noise instead. The claim is not reachable: on one attribute,",
         "prefix sums over 64 values, ResPlanMax claims 3.78 where no strategy is below 4.458 (`solve_minimax`,",
-        "certified), and its plan's value is 7.53.",
+        "certified), and its plan's value is 7.53. QuerySmasher optimises the total only (no max rows).",
         f"{how}.",
         "",
         "## Total variance (sum)",
