@@ -23,7 +23,10 @@ process with one thread (BLAS, OpenMP and XLA: --xla_cpu_multi_thread_eigen=fals
 medians of --repeats runs where one peer run takes under --repeat-below CPU seconds, else one run (column runs).
 Every peer run has a CPU budget (--peer-cpu-cap): dense, banded and BLT stop at it through their callback and
 keep the loss reached (peer_status cpu_cap); the Toeplitz optimiser takes no callback and is ended by RLIMIT_CPU
-(peer_status killed). peer_above_bound: the peer's loss lies above the optimal family's certified lower bound.
+(peer_status killed); column peer_cap. With --cache a row's two sides may come from different invocations, and
+--cached-only takes each row's peer run at the largest cap measured (a dense row whose peer stopped at its cap can be
+measured again with a larger one: --classes dense --peer-cpu-cap 900). peer_above_bound: the peer's loss lies above
+the optimal family's certified lower bound.
 
 jax-privacy runs in its own venv (`--jax-python PATH`, or $DPOPT_JAX_PYTHON): e.g. `python -m venv /opt/jaxp &&
 /opt/jaxp/bin/pip install jax-privacy==2.0.0 jax==0.10.2`. Without it the table has dpopt's side only and says so.
@@ -230,7 +233,12 @@ def measure_row(cls: str, n: int, k: int, objective: str, args: argparse.Namespa
     key = f"{cls}-{n}-{k}-{objective}"
     peer_path = None if cache is None else cache / f"{key}-peer-cap{args.peer_cpu_cap:g}.json"
     ours_path = None if cache is None else cache / f"{key}-ours.json"
+    if cache is not None and args.cached_only:  # the table: each row's peer run at the largest cap measured
+        capped = sorted(cache.glob(f"{key}-peer-cap*.json"), key=lambda p: float(p.stem.rsplit("-cap", 1)[1]))
+        peer_path = capped[-1] if capped else peer_path
     peer = json.loads(peer_path.read_text()) if peer_path is not None and peer_path.is_file() else None
+    if peer is not None:
+        peer["peer_cap"] = float(peer_path.stem.rsplit("-cap", 1)[1])
     ours = json.loads(ours_path.read_text()) if ours_path is not None and ours_path.is_file() else None
     can_ours = spec != "optimal" or optimal_ok
     if args.cached_only:  # a table from the finished rows only: a side not in the cache is marked, not run
@@ -241,7 +249,7 @@ def measure_row(cls: str, n: int, k: int, objective: str, args: argparse.Namespa
         peers, runs, C = side_runs(cls, n, k, objective, args, python if peer is None else None,
                                    can_ours and ours is None)
     if peers:
-        peer = peer_side(peers, C, n, k, objective)
+        peer = {**peer_side(peers, C, n, k, objective), "peer_cap": args.peer_cpu_cap}
         if peer_path is not None and "peer_loss" in peer:
             peer_path.write_text(json.dumps(peer, default=float))
     if runs:
@@ -277,10 +285,10 @@ def bound_column(df: pd.DataFrame) -> pd.DataFrame:
 
 
 NUMERIC = ["peer_loss", "peer_own_loss", "ours_loss", "loss_ratio", "peer_cpu", "ours_cpu", "cpu_ratio", "bound",
-           "peer_peak_mb", "ours_peak_mb", "peer_wall", "ours_wall", "load_1min"]
+           "peer_peak_mb", "ours_peak_mb", "peer_wall", "ours_wall", "peer_cap", "load_1min"]
 COLUMNS = ["n", "epochs", "objective", "class", "ours", "peer_loss", "peer_own_loss", "ours_loss", "loss_ratio",
            "peer_cpu", "ours_cpu", "cpu_ratio", "peer_status", "peer_steps", "ours_status", "bound",
-           "peer_above_bound", "peer_peak_mb", "ours_peak_mb", "peer_wall", "ours_wall", "runs", "load_1min"]
+           "peer_above_bound", "peer_peak_mb", "ours_peak_mb", "peer_wall", "ours_wall", "runs", "peer_cap", "load_1min"]
 
 
 def command_args(argv: list[str]) -> list[str]:
@@ -348,6 +356,7 @@ def main() -> None:
     ap.add_argument("--sizes", default="1024,2048,4096", help="n (default 1024,2048,4096)")
     ap.add_argument("--epochs", default="1,4,16", help="k (default 1,4,16)")
     ap.add_argument("--max-sizes", default="1024", help="n at which the max-loss rows run too (default 1024; '' none)")
+    ap.add_argument("--objectives", default="mean,max", help="losses of the rows (default mean,max; max only at --max-sizes)")
     ap.add_argument("--classes", default=",".join(CLASSES), help=f"classes of the rows (default {','.join(CLASSES)})")
     ap.add_argument("--jax-python", default=os.environ.get("DPOPT_JAX_PYTHON"),
                     help="python of a venv with jax-privacy (default $DPOPT_JAX_PYTHON); without it, dpopt only")
@@ -394,12 +403,15 @@ def main() -> None:
     optimal_ok = FAMILIES.available("optimal")
     sizes = [int(s) for s in args.sizes.split(",") if s]
     max_sizes = {int(s) for s in args.max_sizes.split(",") if s}
+    objectives = {o.strip() for o in args.objectives.split(",") if o.strip()}
+    if not objectives or objectives - {"mean", "max"}:
+        ap.error(f"--objectives: expected mean and/or max, got {args.objectives!r}")
     rows = []
     for n in sizes:
         for k in (int(s) for s in args.epochs.split(",") if s):
             if n % k:
                 continue
-            for objective in ("mean", "max") if n in max_sizes else ("mean",):
+            for objective in [o for o in (("mean", "max") if n in max_sizes else ("mean",)) if o in objectives]:
                 for cls in classes:
                     row = measure_row(cls, n, k, objective, args, python, optimal_ok)
                     rows.append(row)
