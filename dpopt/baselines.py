@@ -14,7 +14,7 @@ import scipy.sparse as sp
 
 from dpopt.strategy import Strategy
 from dpopt.validation import check_positive_int
-from dpopt.workloads import Kron, Workload, WorkloadTooLargeError, as_workload, range_rows
+from dpopt.workloads import Workload, WorkloadTooLargeError, as_workload, range_rows
 
 
 def identity_strategy(n: int) -> Strategy:
@@ -138,9 +138,11 @@ def kron_strategy(factors: Sequence[Strategy], name: str | None = None) -> Strat
 
 
 def per_dimension(workload: Workload, make: Callable[[int], Strategy], name: str) -> Strategy:
-    """make(n) for a 1-D workload; the Kronecker product of make(n_i) over a dense Kron workload's factors."""
-    if isinstance(workload, Kron) and len(workload.factors) > 1:
-        return kron_strategy([make(f.n) for f in workload.factors], name=name)
+    """make(n) for a 1-D workload; the Kronecker product of make(n_i) over the attributes of a product domain
+    (a Kron workload's factors, or a union of Kronecker products such as marginals: `Workload.domain_sizes`)."""
+    sizes = workload.domain_sizes
+    if len(sizes) > 1:
+        return kron_strategy([make(int(n)) for n in sizes], name=name)
     return make(workload.n)
 
 
@@ -156,8 +158,8 @@ def qardaji_hierarchy(workload: Workload, gaussian: bool) -> Strategy:
     def make(n: int) -> Strategy:
         return qardaji_tree(n, gaussian)
 
-    if isinstance(workload, Kron) and len(workload.factors) > 1:
-        name = "kron(" + ",".join(make(f.n).name for f in workload.factors) + ")"
+    if len(workload.domain_sizes) > 1:
+        name = "kron(" + ",".join(make(int(n)).name for n in workload.domain_sizes) + ")"
     else:
         name = make(workload.n).name
     return per_dimension(workload, make, name)
@@ -167,7 +169,7 @@ def baseline_strategies(workload: Workload | np.ndarray, gaussian: bool = False)
     """The strategy each baseline mechanism (identity, laplace, hierarchical, wavelet) selects on `workload`
     (the hierarchy's branching depends on the noise: gaussian for (eps, delta), Laplace else)."""
     # As dpopt.mechanisms.baselines builds them: laplace is A = W with B = I, per dimension means a
-    # Kronecker product over a dense Kron's factors, hierarchical has its default Qardaji branching.
+    # Kronecker product over the attributes of a product domain, hierarchical has its default Qardaji branching.
     w = as_workload(workload)
     out = {"identity": identity_strategy(w.n)}
     if w.has_rows:  # a Gram-only workload has no rows to add noise to: the Laplace mechanism refuses it too

@@ -30,6 +30,8 @@ from dpopt.validation import check_finite_vector, check_time_limit, count_text
 from dpopt.workloads import (
     MAX_DENSE_ENTRIES,
     Kron,
+    Stack,
+    Total,
     Workload,
     WorkloadTooLargeError,
     as_workload,
@@ -216,6 +218,20 @@ def kronecker_factors(workload: Workload) -> Kron | None:
     return None
 
 
+def attribute_factors(workload: Workload) -> Kron | None:
+    """One 1-D factor per attribute of a union of Kronecker products over d >= 2 attributes (a Stack of Kronecker
+    parts on one product domain, marginals among them): on each attribute the first part's factor that is not the
+    total (else the total), for a mechanism whose per-attribute strategy depends on the attribute's size only;
+    None for any other workload."""
+    if not isinstance(workload, Stack) or not workload.kron_parts or len(workload.domain_sizes) < 2:
+        return None
+    factors = []
+    for i in range(len(workload.domain_sizes)):
+        column = [part.factors[i] for part in workload.parts]
+        factors.append(next((f for f in column if not isinstance(f, Total)), column[0]))
+    return Kron(factors)
+
+
 def combined_factor_gap(gaps: list[float | None]) -> float | None:
     """Certified relative gap of a product of per-factor optima: 1 - prod_i (1 - gap_i), None if one is unknown.
 
@@ -232,6 +248,9 @@ class Mechanism(ABC):
 
     short_name: ClassVar[str] = "mechanism"
     support_rtol: float = 1e-8
+    #: On a union of Kronecker products too large for a dense strategy, the Kronecker product of the strategy
+    #: on each attribute's size (`attribute_factors`): for mechanisms whose strategy per dimension is that.
+    per_attribute_unions: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """A subclass `fit` without the budget keywords accepts them too: they reach it through `fit_budget`."""
@@ -275,6 +294,7 @@ class Mechanism(ABC):
 
     def _fit(self, workload: Workload | np.ndarray, privacy: Privacy) -> Mechanism:
         """`fit` under the current budget."""
+        self.__dict__.pop("bound_kind_", None)  # set again by a fit that bounds through a union's parts
         workload = as_workload(workload)
         if not isinstance(privacy, Privacy):
             raise MechanismError(f"{self.short_name}: privacy must be a dpopt.privacy.Privacy")
@@ -339,6 +359,8 @@ class Mechanism(ABC):
         policy = None if kron is None else self.kronecker_policy(privacy)
         if policy == "separable" or (policy == "large" and workload.n**2 > MAX_DENSE_ENTRIES):
             return kron, policy == "separable"
+        if kron is None and self.per_attribute_unions and workload.n**2 > MAX_DENSE_ENTRIES:
+            return attribute_factors(workload), False
         return None, False
 
     def _fit_per_factor(self, kron: Kron, given: Workload, privacy: Privacy, separable: bool) -> Mechanism:
@@ -350,7 +372,9 @@ class Mechanism(ABC):
         (eps, delta) problem min trace(G X^+) over diag(X) <= 1 the dual function at d = (x)_i d_i,
         (trace (D^1/2 G D^1/2)^1/2)^2 / sum(d), is the product of the factors' (square roots, traces and
         sums of Kronecker products factor), and so are the primal values; the factors' certificates
-        therefore combine (`combined_factor_gap`). The time budget is shared out over the factors left.
+        therefore combine (`combined_factor_gap`). The time budget is shared out over the factors left. On a union
+        of Kronecker products (`attribute_factors`) the factors are one per attribute and the error is the union's,
+        sum_k a_k prod_i trace(G_ki X_i^+) (`KronMatrix.unit_error`).
         """
         budget = current_budget()
         t0, c0 = time.perf_counter(), time.process_time()
@@ -370,8 +394,9 @@ class Mechanism(ABC):
             strategy = Strategy(KronMatrix([s.strategy_ for s in subs]), name=f"kron({names})")
         except ValueError as exc:
             raise MechanismError(f"{self.short_name}: no Kronecker form of the factors' strategies: {exc}") from None
+        view = kron if kronecker_factors(given) is not None else given  # a union: its error, not the factors'
         try:
-            err = strategy.expected_error(kron, privacy, rtol=self.support_rtol)
+            err = strategy.expected_error(view, privacy, rtol=self.support_rtol)
         except StrategyError as exc:
             raise MechanismError(f"{self.short_name}: the per-factor strategy is refused: {exc}") from None
         infos = [s.fit_info_ for s in subs]
@@ -384,7 +409,14 @@ class Mechanism(ABC):
         if separable and all(isinstance(v, float) for v in lows):
             # in units of prod_i trace-Gram units, i.e. of kron.gram(): a lower bound on the product problem
             extra["unit_lower_bound"] = math.prod(lows)  # type: ignore[arg-type]
-        return self._adopt(kron, given, privacy, strategy, err, FitInfo(
+        # a union: the sum of its parts' SVD bounds (`Stack.error_lower_bound`; marginals: their exact SVD bound),
+        # never through its n x n Gram
+        bound, kind = None, "svd"
+        if view is not kron:
+            unit, what = view.error_lower_bound()
+            bound, kind = privacy.variance_factor * unit, "svd" if what.startswith("svd bound") else what
+        self.bound_kind_ = kind
+        return self._adopt(view, given, privacy, strategy, err, FitInfo(
             solver=f"{infos[0].solver} per factor",
             status=status,
             iterations=sum(i.iterations for i in infos),
@@ -394,7 +426,7 @@ class Mechanism(ABC):
             message="; ".join(f"factor {k} ({f.name}): {i.message}" for k, (f, i) in
                               enumerate(zip(kron.factors, infos, strict=True)) if i.message),
             extra=extra,
-        ))
+        ), bound=bound)
 
     def _adopt(self, view: Workload, given: Workload, privacy: Privacy, strategy: Strategy,
                err: ErrorReport, info: FitInfo, bound: float | None = None) -> Mechanism:
@@ -561,7 +593,9 @@ class Mechanism(ABC):
             "expected_total_error": err.total,
             "rmse": err.rmse,
             "bound": bound,
-            "bound_kind": "svd",  # P * SVDB(W) (`lower_bound`); compare may replace it by a tighter certified bound
+            # P * SVDB(W) (`lower_bound`) or, on a union fitted per attribute, the sum of its parts' SVD bounds;
+            # compare may replace it by a tighter certified bound
+            "bound_kind": getattr(self, "bound_kind_", "svd"),
             "ratio_to_bound": err.total / bound if bound > 0 and math.isfinite(bound) else math.nan,
             "fit_seconds": info.wall_seconds,
             "fit_cpu_seconds": info.cpu_seconds,

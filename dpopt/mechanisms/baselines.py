@@ -41,6 +41,7 @@ class IdentityMechanism(_KroneckerBaseline):
     """Noise on data, A = I, answers W (x + z) (seed 000's NOD / M_D)."""
 
     short_name = "identity"
+    per_attribute_unions = True
 
     def _select(self, workload: Workload, privacy: Privacy) -> Selection:
         return Selection(identity_strategy(workload.n))
@@ -56,6 +57,7 @@ class HierarchicalMechanism(_KroneckerBaseline):
     """
 
     short_name = "hierarchical"
+    per_attribute_unions = True
 
     def __init__(self, branching: int | str = "qardaji") -> None:
         if branching != "qardaji" and not (isinstance(branching, int) and not isinstance(branching, bool)
@@ -77,6 +79,7 @@ class WaveletMechanism(_KroneckerBaseline):
     """Haar wavelet strategy, least-squares inference (Privelet, Xiao et al. 2010; seed 003)."""
 
     short_name = "wavelet"
+    per_attribute_unions = True
 
     def _select(self, workload: Workload, privacy: Privacy) -> Selection:
         return Selection(per_dimension(workload, wavelet_strategy, "wavelet"))
