@@ -33,6 +33,7 @@ from dpopt.data import (
 )
 from dpopt.queries import MAX_LABELLED_QUERIES
 from dpopt.specs import DOMAIN_SPEC_HELP, SpecError, split_names
+from dpopt.workloads import MAX_DENSE_ENTRIES
 
 DEFAULT_FAIR_DOMAIN = "fair:rate_marriage,religious,children"
 
@@ -461,6 +462,9 @@ def _load_rows(args: argparse.Namespace) -> tuple[Any, Domain]:
 
 # Strategies with more measurements than this get an estimate of OpenDP's sampling time first.
 NOISE_ESTIMATE_ROWS = 100_000
+#: Most noisy measurements one release draws: MAX_DENSE_ENTRIES float64 values (2 GB; about 7 hours of OpenDP's
+#: secure samplers at 1e4 a second). A strategy measuring more is refused before anything is charged.
+MAX_RELEASE_ROWS = MAX_DENSE_ENTRIES
 
 
 def _target_variances(args: argparse.Namespace, workload: Any) -> np.ndarray:
@@ -606,6 +610,11 @@ def _answer(args: argparse.Namespace, run: _Run) -> int:
             r = 0 if mech.strategy_ is None else int(mech.strategy_.shape[0])  # None: chosen with the data
             if r > NOISE_ESTIMATE_ROWS:  # OpenDP's secure samplers draw about 1e4 values a second
                 secs = noise_seconds(r, privacy.delta > 0)
+                if r > MAX_RELEASE_ROWS:
+                    raise ValueError(f"{mech.short_name}'s strategy measures {r} rows, more than the "
+                                     f"{MAX_RELEASE_ROWS} noisy measurements one release draws (about {secs:.3g} s "
+                                     "with OpenDP); expected a smaller --domain or a mechanism that measures the "
+                                     "workload's parts (hdmm, mm-optimal); nothing was released")
                 _say(args, f"drawing {r} noisy measurements with OpenDP: about {secs:.0f} s")
             sink = _open_answers(args)  # before the charge: nothing is spent on answers that cannot be written
             answers = _release(args, mech, x, dom, run)

@@ -113,14 +113,16 @@ def test_compare_refuses_a_size_no_mechanism_fits(capsys, no_fit, spec: str, mec
 
 
 def test_compare_skips_before_fitting_only_the_mechanisms_that_cannot_fit(capsys) -> None:
-    # 8e6 cells: no dense strategy, but mm-optimal's (eps, delta) optimum on marginals is closed form at any size
+    # 8e6 cells: no dense strategy (laplace has no other form on a union), but mm-optimal's (eps, delta) optimum on
+    # marginals is closed form at any size and identity measures I per attribute
     code, out, _ = run(capsys, "compare", "-w", "marginals:200x200x200:2", "-e", "1", "-d", "1e-6",
-                       "-m", "identity,mm-optimal", "-f", "json")
+                       "-m", "laplace,identity,mm-optimal", "-f", "json")
     rows = {r["mechanism"]: r for r in json.loads(out)}
     assert code == 0
-    assert rows["identity"]["status"].startswith("skipped: identity: 8e+06 cells are too many")
-    assert f"expected at most {DENSE_MAX_CELLS} cells" in rows["identity"]["status"]
+    assert rows["laplace"]["status"].startswith("skipped: laplace: 8e+06 cells are too many")
+    assert f"expected at most {DENSE_MAX_CELLS} cells" in rows["laplace"]["status"]
     assert rows["mm-optimal"]["expected_total_error"] > 0
+    assert rows["identity"]["expected_total_error"] > rows["mm-optimal"]["expected_total_error"]
 
 
 def test_answer_refuses_a_size_its_mechanism_cannot_fit(capsys, tmp_path: Path, no_fit) -> None:
@@ -227,3 +229,19 @@ def test_sweep_refuses_extreme_privacy_naming_the_config(capsys, tmp_path: Path)
     cfg = tmp_path / "grid.toml"
     cfg.write_text('workloads = ["allrange:8"]\nmechanisms = ["identity"]\nepsilon = [1e-320]\n')
     refused(*run(capsys, "sweep", str(cfg)), f"sweep config {cfg}", "epsilon=1e-320 is too small")
+
+
+def test_a_strategy_with_too_many_rows_to_draw_is_refused_before_any_charge(capsys, monkeypatch, tmp_path) -> None:
+    # identity on a union measures every cell; beyond MAX_RELEASE_ROWS noisy values the release is refused with the
+    # time OpenDP would take, and the ledger is not charged (here the limit is lowered to the Fair survey's size)
+    import dpopt.release_cli
+
+    monkeypatch.setattr(dpopt.release_cli, "NOISE_ESTIMATE_ROWS", 5)
+    monkeypatch.setattr(dpopt.release_cli, "MAX_RELEASE_ROWS", 10)
+    ledger = tmp_path / "ledger.json"
+    line = refused(*run(capsys, "answer", "--quiet", "-e", "1", "--workload", "marginals:2", "--mechanism",
+                        "identity", "--ledger", str(ledger), "--out", str(tmp_path / "a.csv")),
+                   "identity's strategy measures", "more than the 10 noisy measurements", "nothing was released")
+    assert "s with OpenDP" in line
+    assert not (tmp_path / "a.csv").exists()
+    assert not ledger.exists() or json.loads(ledger.read_text())["history"] == []
