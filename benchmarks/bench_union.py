@@ -68,6 +68,8 @@ ROWS: dict[str, tuple[str, list[int], list[int]]] = {
     "prefix 16^4 1-3": ("prefix", [16] * 4, [1, 2, 3]),
     "range 8^5 1-3": ("range", [8] * 5, [1, 2, 3]),
     "prefix 64^3 1-3": ("prefix", [64] * 3, [1, 2, 3]),
+    "range 16^4 1-3": ("range", [16] * 4, [1, 2, 3]),
+    "range 64^3 1-3": ("range", [64] * 3, [1, 2, 3]),
     "prefix 64^4": ("prefix", [64] * 4, [1, 2]),
     "range 64^4": ("range", [64] * 4, [1, 2]),
     "prefix 10^8": ("prefix", [10] * 8, [1, 2]),
