@@ -145,8 +145,10 @@ def run_peer(python: str, cls: str, n: int, k: int, objective: str, cap: float, 
             res = json.loads(res_path.read_text())
             res["child_cpu_seconds"], res["child_wall_seconds"] = run.cpu, run.wall
             return res, np.load(Path(tmp) / "C.npy")
-    why = "killed at the wall budget" if run.timed_out else f"exit {run.returncode}: {run.last_error_line()}"
-    return {"status": "killed", "why": why, "cpu_seconds": run.cpu, "wall_seconds": run.wall,
+    # ended by a signal (RLIMIT_CPU at the cap) or the wall budget: killed; an error of the optimiser: failed
+    killed = run.timed_out or run.returncode is None or run.returncode < 0
+    why = ("killed at the wall budget" if run.timed_out else f"exit {run.returncode}: {run.last_error_line()}")
+    return {"status": "killed" if killed else "failed", "why": why, "cpu_seconds": run.cpu, "wall_seconds": run.wall,
             "child_cpu_seconds": run.cpu, "child_wall_seconds": run.wall}, None
 
 
@@ -250,8 +252,8 @@ def measure_row(cls: str, n: int, k: int, objective: str, args: argparse.Namespa
                                    can_ours and ours is None)
     if peers:
         peer = {**peer_side(peers, C, n, k, objective), "peer_cap": args.peer_cpu_cap}
-        if peer_path is not None and "peer_loss" in peer:
-            peer_path.write_text(json.dumps(peer, default=float))
+        if peer_path is not None and ("peer_loss" in peer or peer.get("peer_status") == "failed"):
+            peer_path.write_text(json.dumps(peer, default=float))  # an optimiser's error is its result too
     if runs:
         ours = ours_side(runs)
         if ours_path is not None and "ours_loss" in ours:
@@ -261,7 +263,7 @@ def measure_row(cls: str, n: int, k: int, objective: str, args: argparse.Namespa
     row["runs"] = max(row.get("peer_runs", 0), row.get("ours_runs", 0))
     if row.get("peer_loss") is not None and row.get("ours_loss") is not None:
         row["loss_ratio"] = row["ours_loss"] / row["peer_loss"]
-    if row.get("peer_cpu") and row.get("ours_cpu"):
+    if row.get("peer_cpu") and row.get("ours_cpu") and row.get("peer_loss") is not None:
         row["cpu_ratio"] = row["peer_cpu"] / row["ours_cpu"]
     # the machine's load when the row was measured (the peer's side first), else now
     row["load_1min"] = row.get("peer_load_1min", row.get("ours_load_1min", os.getloadavg()[0]))
@@ -335,6 +337,10 @@ def write_tables(df: pd.DataFrame, args: argparse.Namespace, peer_note: str, opt
         notes.append("The optimal family is not in this build: the dense rows have no dpopt side and "
                      "`bound` is empty until it lands; `make outputs` regenerates this table.")
     notes.append(goals(df))
+    if "peer_why" in df:
+        failed = df[df["peer_why"].notna() & df["peer_loss"].isna()]
+        notes += [f"Peer without a loss, {r['class']} n={r['n']} k={r['epochs']} {r['objective']}: "
+                  f"{r['peer_status']} ({r['peer_why']})." for r in failed.to_dict("records")]
     shown = df.copy()
     shown["peer_steps"] = ["" if pd.isna(v) else str(int(v)) for v in pd.to_numeric(shown["peer_steps"], errors="coerce")]
     for col in NUMERIC:

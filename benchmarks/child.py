@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import resource
 import signal
 import subprocess
@@ -44,7 +45,11 @@ class ChildRun:
             any(m in self.stderr for m in MEMORY_MARKERS) or self.returncode == -signal.SIGABRT)
 
     def last_error_line(self, width: int = 120) -> str:
-        return (self.stderr.strip().splitlines() or ["?"])[-1][:width]
+        """The exception line of the child's traceback (`Name...Error: message`; an exception message can run on
+        over more lines), else its last stderr line."""
+        lines = self.stderr.strip().splitlines() or ["?"]
+        raised = [ln for ln in lines if re.match(r"[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b:?", ln)]
+        return (raised or lines)[-1][:width]
 
 
 def _children_cpu() -> float:

@@ -124,3 +124,16 @@ def test_committed_dpopt_losses_are_reached_again(row: dict) -> None:
     n, k = int(row["n"]), int(row["epochs"])
     f = FAMILIES[name](Prefix(n), Participation(n, k), objective=row["objective"], **opts)
     assert f.loss <= row["ours_loss"] * (1 + 1e-6)
+
+
+def test_a_child_error_is_named_by_its_exception_line() -> None:
+    # an exception whose message runs over several lines (jax-privacy's BLT optimiser prints the failing BLT after
+    # it): the row names the exception, not the message's last line
+    from benchmarks.child import ChildRun
+
+    err = ("Traceback (most recent call last):\n  File \"peer.py\", line 9, in <module>\n"
+           "RuntimeError: Optimization produced BLT with non-finite loss inf:\nBufferedToeplitz.build(\n"
+           "    buf_decay=[0.99, 0.98])\nInitial Toeplitz coefs=[1.00000, 0.50631])")
+    assert ChildRun(1, "", err, 1.0, 1.0).last_error_line() == (
+        "RuntimeError: Optimization produced BLT with non-finite loss inf:")
+    assert ChildRun(1, "", "no traceback here\nlast words", 1.0, 1.0).last_error_line() == "last words"
