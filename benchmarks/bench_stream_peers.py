@@ -252,8 +252,8 @@ def measure_row(cls: str, n: int, k: int, objective: str, args: argparse.Namespa
                                    can_ours and ours is None)
     if peers:
         peer = {**peer_side(peers, C, n, k, objective), "peer_cap": args.peer_cpu_cap}
-        if peer_path is not None and ("peer_loss" in peer or peer.get("peer_status") == "failed"):
-            peer_path.write_text(json.dumps(peer, default=float))  # an optimiser's error is its result too
+        if peer_path is not None and ("peer_loss" in peer or peer.get("peer_status") in ("failed", "killed")):
+            peer_path.write_text(json.dumps(peer, default=float))  # an error, or no result within the cap, is one
     if runs:
         ours = ours_side(runs)
         if ours_path is not None and "ours_loss" in ours:
