@@ -98,8 +98,9 @@ def test_committed_table_agrees_with_itself() -> None:
     df = _committed()
     both = df.dropna(subset=["peer_loss", "ours_loss"])
     assert np.allclose(both["loss_ratio"], both["ours_loss"] / both["peer_loss"], rtol=1e-12)
-    cpu = df.dropna(subset=["peer_cpu", "ours_cpu"])
+    cpu = df.dropna(subset=["peer_cpu", "ours_cpu", "peer_loss"])  # no ratio for a peer run without a loss
     assert np.allclose(cpu["cpu_ratio"], cpu["peer_cpu"] / cpu["ours_cpu"], rtol=1e-12)
+    assert df[df["peer_loss"].isna()]["cpu_ratio"].isna().all()
     flagged = df.dropna(subset=["peer_loss", "bound"])
     assert (flagged["peer_above_bound"].astype(str) == (flagged["peer_loss"] >= flagged["bound"]).astype(str)).all()
     # the certified bound is below every dpopt family's loss on the same instance as well
