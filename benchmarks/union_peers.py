@@ -103,7 +103,10 @@ def rpp_max_plan(system, sizes: list[int]) -> dict[str, float]:
     which is below R's true cost max diag(R^T R) unless R's rows are orthonormal. Here its variances are kept and
     the privacy cost of i.i.d. noise is charged exactly (`plan_privacy_cost`); variances at privacy cost 1 scale
     with the cost, so the plan's largest per-query variance at privacy cost 1 is max_query variance times it."""
-    for a, n in enumerate(sizes):  # the reading of its variances: i.i.d. noise on R x, answers through R^+
+    # the reading of its variances: i.i.d. noise on R x, answers through R^+. Both sides come from the same R (its
+    # optimiser's own factor and our pseudo-inverse of it), so they differ by round-off only; 1e-6 is far above
+    # that and far below the factor > 1.1 between the two noise models' variances
+    for a, n in enumerate(sizes):
         iid = np.sum((factor_rows(n, "prefix") @ system.residual_pinv[n]) ** 2, axis=1)
         if not np.allclose(system.var_res[a], iid, rtol=1e-6, atol=1e-9 * float(iid.max())):
             raise SystemExit(f"ResPlanMax's variances on attribute {a} are not those of i.i.d. noise on R x")

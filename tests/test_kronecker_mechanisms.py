@@ -168,6 +168,8 @@ def test_baselines_on_a_large_union_measure_per_attribute(name, spec, privacy_na
     assert make_mechanism(name).fit(w, privacy).expected_error_.total == pytest.approx(dense.total, rel=RTOL)
     x = np.random.default_rng(0).integers(0, 20, w.n).astype(float)
     answers = mech.strategy_.A.answers(mech.strategy_.measured(x), w)
+    # exact measurements through factor pseudo-inverses of condition <= 1e3 (above): round-off about n cond eps
+    # relative to the counts' scale sum|x|, far below 1e-9 of it
     np.testing.assert_allclose(answers, w.matvec(x), rtol=1e-9, atol=1e-9 * float(np.abs(x).sum()))
 
 

@@ -294,7 +294,6 @@ class Mechanism(ABC):
 
     def _fit(self, workload: Workload | np.ndarray, privacy: Privacy) -> Mechanism:
         """`fit` under the current budget."""
-        self.__dict__.pop("bound_kind_", None)  # set again by a fit that bounds through a union's parts
         workload = as_workload(workload)
         if not isinstance(privacy, Privacy):
             raise MechanismError(f"{self.short_name}: privacy must be a dpopt.privacy.Privacy")
@@ -415,7 +414,6 @@ class Mechanism(ABC):
         if view is not kron:
             unit, what = view.error_lower_bound()
             bound, kind = privacy.variance_factor * unit, "svd" if what.startswith("svd bound") else what
-        self.bound_kind_ = kind
         return self._adopt(view, given, privacy, strategy, err, FitInfo(
             solver=f"{infos[0].solver} per factor",
             status=status,
@@ -426,18 +424,19 @@ class Mechanism(ABC):
             message="; ".join(f"factor {k} ({f.name}): {i.message}" for k, (f, i) in
                               enumerate(zip(kron.factors, infos, strict=True)) if i.message),
             extra=extra,
-        ), bound=bound)
+        ), bound=bound, bound_kind=kind)
 
     def _adopt(self, view: Workload, given: Workload, privacy: Privacy, strategy: Strategy,
-               err: ErrorReport, info: FitInfo, bound: float | None = None) -> Mechanism:
+               err: ErrorReport, info: FitInfo, bound: float | None = None, bound_kind: str = "svd") -> Mechanism:
         """Keep a strategy selected for `view` (the workload, or its structured form), its exact error and P SVDB(W)
-        (or `bound`, a lower bound of the same kind the caller computed through the structure)."""
+        (or `bound`, a lower bound the caller computed through the structure, named by `bound_kind`)."""
         self.workload_ = view
         self.input_workload_ = given  # as given (e.g. bound to a data Domain, with row labels), for release
         self.privacy_ = privacy
         self.strategy_ = strategy  # type: ignore[assignment]
         self.expected_error_ = err
         self.bound_ = lower_bound(view, privacy) if bound is None else bound
+        self.bound_kind_ = bound_kind
         self.fit_info_ = info
         return self
 
