@@ -34,6 +34,7 @@ interval (n^2 / 2), its fast one the powers of 2 only.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -181,3 +182,30 @@ def expansion(edges: np.ndarray, n: int):
     sizes = np.diff(edges)
     cols = np.repeat(np.arange(sizes.size), sizes)
     return sp.csr_matrix((1.0 / sizes[cols], (np.arange(n), cols)), shape=(n, sizes.size))
+
+
+# One record changes the total by 1 and moves one cell, so at most the two differences beside it.
+SIGNAL_STATISTICS_SENSITIVITY = 3.0
+
+
+def signal_statistics(x: np.ndarray, tau: float) -> np.ndarray:
+    """(N, C): the total count of x and the number of adjacent cells whose counts differ by more than tau, the
+    statistics the data-aware policy reads (L1 sensitivity SIGNAL_STATISTICS_SENSITIVITY: neighbours differ by 1
+    in one cell i, which moves N by 1 and can change only the differences x_i - x_{i-1} and x_{i+1} - x_i).
+    With tau the cost of one more bucket, 1 + C is about the number of buckets a partition keeps when the
+    partition's noise is small against the counts (two cells closer than tau are cheaper merged)."""
+    x = np.asarray(x, dtype=float).ravel()
+    if not (math.isfinite(tau) and tau >= 0):
+        raise ValueError(f"tau must be a finite number >= 0, got {tau!r}")
+    return np.array([float(x.sum()), float(np.count_nonzero(np.abs(np.diff(x)) > tau))])
+
+
+def dense_for_partition(buckets: float, n: int, stage_share: float) -> bool:
+    """True when a partition that leaves about `buckets` buckets cannot pay for its budget under the model of
+    the second stage's error as Qardaji's hierarchy, (log k)^3 / eps2^2 over k cells: (log k / log n)^3 >=
+    stage_share^2, stage_share = eps2 / eps (the error of the best fixed mechanism on all n cells at the whole
+    eps is the other side)."""
+    if n <= 1:
+        return True
+    k = min(max(float(buckets), 2.0), float(n))
+    return (math.log(k) / math.log(n)) ** 3 >= stage_share**2

@@ -1,8 +1,9 @@
 """dawa-opt: DAWA's private partition (dpopt.partition), then mm-optimal on the buckets, through the ledger.
 
 The partition tests draw no noise (perturb adds 0), so the dynamic program is checked exactly; the release
-tests check the accounting (two charges summing to the budget, the partition charged first), and the CLI
-test runs `dpopt answer` end to end with a ledger file.
+tests check the accounting (the statistics, the partition and the second stage charged in that order and summing
+to the budget; two charges when the policy skips the partition or is switched off), the policy's statistics and
+choices, and the CLI test runs `dpopt answer` end to end with a ledger file.
 """
 
 from __future__ import annotations
@@ -19,9 +20,19 @@ import pytest
 
 from dpopt.cli import main
 from dpopt.mechanisms import make_mechanism
+from dpopt.mechanisms.data_aware import (
+    DENSE_MARGIN,
+    HIGH_SIGNAL,
+    LOW_SIGNAL,
+    LOW_SIGNAL_RESOLUTION,
+    STATS_SHARE,
+)
 from dpopt.partition import (
+    RESOLUTION,
+    SIGNAL_STATISTICS_SENSITIVITY,
     bucket_sums,
     candidate_family,
+    dense_for_partition,
     deviation_sensitivity,
     expansion,
     family_lengths,
@@ -29,6 +40,7 @@ from dpopt.partition import (
     l1_partition,
     noise_sensitivity,
     partition_sensitivity,
+    signal_statistics,
 )
 from dpopt.privacy import Privacy
 from dpopt.release import BudgetExceededError, PrivacyLedger
@@ -156,18 +168,44 @@ def _data(n: int = 64) -> np.ndarray:
     return np.concatenate([np.full(n // 4, 40.0), np.zeros(n // 2), np.full(n // 4, 10.0)])
 
 
-def test_release_charges_partition_then_second_stage():
+def test_release_charges_statistics_partition_then_second_stage():
     ledger = PrivacyLedger(1.0)
     out = _fitted().release(_data(), ledger)
-    first, second = ledger.history
-    assert "private partition" in first.label and "second stage" in second.label
-    assert first.epsilon == pytest.approx(0.25, rel=1e-12) and first.noise == "laplace"
+    stats, part, second = ledger.history
+    assert "signal statistics" in stats.label and "private partition" in part.label and "second stage" in second.label
+    assert stats.epsilon == pytest.approx(STATS_SHARE, rel=1e-12) and stats.noise == "laplace"
+    assert part.epsilon == pytest.approx(0.25 - STATS_SHARE, rel=1e-12) and part.noise == "laplace"
     assert second.epsilon == pytest.approx(0.75, rel=1e-12)
-    assert first.epsilon + second.epsilon == pytest.approx(1.0, rel=1e-12)
     assert ledger.remaining_epsilon == pytest.approx(0.0, abs=1e-12)
-    assert len(out) == 64 and (out["mode"] == "release").all() and out.attrs["charges"] == 2
+    assert len(out) == 64 and (out["mode"] == "release").all() and out.attrs["charges"] == 3
+    assert out.attrs["partition_skipped"] is False
     edges = out.attrs["partition_edges"]
     assert edges[0] == 0 and edges[-1] == 64
+
+
+def test_release_without_the_policy_charges_twice():
+    ledger = PrivacyLedger(1.0)
+    out = make_mechanism("dawa-opt", adaptive=False).fit(Prefix(64), Privacy(1.0)).release(_data(), ledger)
+    first, second = ledger.history
+    assert "private partition" in first.label and first.epsilon == pytest.approx(0.25, rel=1e-12)
+    assert second.epsilon == pytest.approx(0.75, rel=1e-12) and out.attrs["charges"] == 2
+
+
+def test_release_skips_the_partition_on_dense_data():
+    # neighbouring counts far apart and a high signal: the partition cannot pay (dense_for_partition), so the
+    # statistics and the second stage on all 64 cells take the budget and nothing is spent on a partition. At eps =
+    # 100 the statistics' Laplace scale is b = SIGNAL_STATISTICS_SENSITIVITY / (STATS_SHARE * 100) = 1.5, and C = 63
+    # lies 33 - DENSE_MARGIN b above the threshold 64^(0.75^(2/3)) - 1 = 29.9: a wrong decision has probability
+    # below exp(-30 / 1.5) / 2.
+    x = np.tile([1000.0, 2000.0], 32)
+    assert x.sum() * 100 / 64 >= HIGH_SIGNAL
+    ledger = PrivacyLedger(100.0)
+    out = _fitted(eps=100.0).release(x, ledger)
+    stats, second = ledger.history
+    assert "signal statistics" in stats.label and "partition skipped" in second.label
+    assert stats.epsilon + second.epsilon == pytest.approx(100.0, rel=1e-12)
+    assert out.attrs["partition_skipped"] is True and out.attrs["charges"] == 2
+    assert out.attrs["partition_edges"] == list(range(65))
 
 
 def test_release_refused_before_any_charge():
@@ -181,10 +219,48 @@ def test_release_under_eps_delta_composes():
     mech = make_mechanism("dawa-opt").fit(Prefix(64), Privacy(1.0, 1e-6))
     ledger = PrivacyLedger(1.0, 1e-6)
     mech.release(_data(), ledger)
-    first, second = ledger.history
-    assert (first.noise, second.noise) == ("laplace", "gaussian")
-    assert first.delta == 0.0 and second.delta == pytest.approx(1e-6, rel=1e-12)
-    assert first.epsilon + second.epsilon == pytest.approx(1.0, rel=1e-12)
+    stats, part, second = ledger.history
+    assert (stats.noise, part.noise, second.noise) == ("laplace", "laplace", "gaussian")
+    assert stats.delta == 0.0 and part.delta == 0.0 and second.delta == pytest.approx(1e-6, rel=1e-12)
+    assert stats.epsilon + part.epsilon + second.epsilon == pytest.approx(1.0, rel=1e-12)
+
+
+def test_signal_statistics_sensitivity_by_brute_force():
+    # neighbours differ by one record in one cell: the L1 change of (N, C) never exceeds the stated sensitivity,
+    # and a cell between two equal neighbours gaining a record attains it
+    rng = np.random.default_rng(5)
+    worst = 0.0
+    for tau in (0.0, 0.5, 1.5):
+        for _ in range(40):
+            x = rng.integers(0, 4, 12).astype(float)
+            for i in range(12):
+                for d in (1.0, -1.0):
+                    y = x.copy()
+                    y[i] += d
+                    if y[i] < 0:
+                        continue
+                    worst = max(worst, float(np.abs(signal_statistics(y, tau) - signal_statistics(x, tau)).sum()))
+    assert worst == SIGNAL_STATISTICS_SENSITIVITY
+    assert signal_statistics(np.array([3.0, 3.0, 5.0, 5.0, 0.0]), 1.0).tolist() == [16.0, 2.0]
+
+
+def test_policy_reads_only_the_noisy_statistics():
+    mech = _fitted(eps=1.0, n=4096)
+    n = 4096
+    low = mech.policy(np.array([0.5 * LOW_SIGNAL * n, 10.0]))
+    assert low["resolution"] == LOW_SIGNAL_RESOLUTION and not low["dense"]
+    mid = mech.policy(np.array([2 * LOW_SIGNAL * n, 4000.0]))
+    assert mid["resolution"] == RESOLUTION and not mid["dense"]  # below HIGH_SIGNAL a partition always runs
+    # above HIGH_SIGNAL: skip exactly when (log k / log n)^3 >= (1 - ratio)^2 with k = 1 + C, i.e.
+    # k >= n^(0.75^(2/3)) for ratio 1/4
+    # k >= n^(0.75^(2/3)) for ratio 1/4, k = 1 + C - DENSE_MARGIN b (b the noisy C's Laplace scale)
+    k_star = n ** (0.75 ** (2 / 3))
+    b = SIGNAL_STATISTICS_SENSITIVITY / (STATS_SHARE * 1.0)
+    assert mech.policy(np.array([2 * HIGH_SIGNAL * n, 1.05 * k_star - 1 + DENSE_MARGIN * b]))["dense"]
+    assert not mech.policy(np.array([2 * HIGH_SIGNAL * n, 0.95 * k_star - 1 + DENSE_MARGIN * b]))["dense"]
+    assert not mech.policy(np.array([2 * HIGH_SIGNAL * n, 1.05 * k_star - 1]))["dense"]  # within the margin
+    assert dense_for_partition(n, n, 0.75) and not dense_for_partition(1, n, 0.75)
+    assert mech.policy(np.array([-5.0, -3.0]))["signal"] == 0.0  # a negative noisy total reads as no signal
 
 
 def test_research_answers_are_seeded_and_the_record_says_why_no_error():
@@ -234,6 +310,6 @@ def test_dpopt_answer_end_to_end(tmp_path):
     answers = pd.read_csv(tmp_path / "ans.csv")
     assert len(answers) == 64 * 65 // 2 and (answers["mechanism"] == "dawa-opt").all()
     history = json.loads(ledger.read_text())["history"]
-    assert len(history) == 2
+    assert len(history) == 3  # signal 500 / 64 per cell: statistics, partition, second stage
     assert sum(h["epsilon"] for h in history) == pytest.approx(1.0, rel=1e-12)
-    assert "in 2 charges" in err.getvalue()
+    assert "in 3 charges" in err.getvalue()
