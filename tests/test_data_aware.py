@@ -206,6 +206,11 @@ def test_release_skips_the_partition_on_dense_data():
     assert stats.epsilon + second.epsilon == pytest.approx(100.0, rel=1e-12)
     assert out.attrs["partition_skipped"] is True and out.attrs["charges"] == 2
     assert out.attrs["partition_edges"] == list(range(65))
+    # research mode takes the same path: the second stage measures all 64 cells with eps - STATS_SHARE eps
+    mech = _fitted(eps=100.0)
+    research = mech.answer_variants(x, np.random.default_rng(2))
+    assert research["dense"] and research["buckets"] == 64
+    assert mech.stage_.privacy_.epsilon == pytest.approx(100.0 * (1 - STATS_SHARE), rel=1e-12)
 
 
 def test_release_refused_before_any_charge():
