@@ -312,7 +312,7 @@ class _Run:
 
     def spent(self) -> str | None:
         """This release's charges, summed, as text (None if nothing was charged); a data-dependent mechanism
-        (dawa-opt) charges twice."""
+        (dawa-opt) charges once per step, two or three times."""
         if self.ledger is None or len(self.ledger.history) <= self.charges_before:
             return None
         mine = self.ledger.history[self.charges_before:]
@@ -344,7 +344,7 @@ def _release(args: argparse.Namespace, mech: Any, x: Any, dom: Domain, run: _Run
     from dpopt.release import PrivacyLedger, ledger_file, release
 
     def answer(ledger: Any) -> pd.DataFrame:
-        # a data-dependent mechanism (dawa-opt) releases in two charged steps of its own
+        # a data-dependent mechanism (dawa-opt) releases in charged steps of its own (statistics, partition, second stage)
         if getattr(mech, "data_dependent", False):
             return mech.release(x, ledger, domain=dom)
         return release(mech, x, ledger, domain=dom)
