@@ -209,3 +209,35 @@ def dense_for_partition(buckets: float, n: int, stage_share: float) -> bool:
         return True
     k = min(max(float(buckets), 2.0), float(n))
     return (math.log(k) / math.log(n)) ** 3 >= stage_share**2
+
+
+def hilbert_order(shape: tuple[int, int]) -> np.ndarray:
+    """The cells of an n1 x n2 grid (row-major index i * n2 + j) in the order of the Hilbert curve over the
+    smallest 2^q x 2^q square that holds it, cells outside the grid left out: neighbours along the order are
+    neighbours in the grid wherever the curve stays inside it, so intervals of the order are compact regions
+    (the 1-D reduction DAWA applies to 2-D data, Li, Hay and Miklau 2014, Sec. 3.3). Returns a permutation of
+    range(n1 n2)."""
+    if len(shape) != 2:
+        raise ValueError(f"hilbert_order takes a 2-D grid shape, got {shape!r}")
+    n1, n2 = (check_positive_int(v, "grid side") for v in shape)
+    side = 1
+    while side < max(n1, n2):
+        side *= 2
+    t = np.arange(side * side, dtype=np.int64)
+    x = np.zeros_like(t)
+    y = np.zeros_like(t)
+    s = 1
+    while s < side:  # the curve position's base-4 digits, lowest first: place, then rotate the quadrant so far
+        rx = (t // 2) & 1
+        ry = (t ^ rx) & 1
+        flip = (ry == 0) & (rx == 1)
+        x = np.where(flip, s - 1 - x, x)
+        y = np.where(flip, s - 1 - y, y)
+        swap = ry == 0
+        x, y = np.where(swap, y, x), np.where(swap, x, y)
+        x += s * rx
+        y += s * ry
+        t //= 4
+        s *= 2
+    inside = (x < n1) & (y < n2)
+    return (x[inside] * n2 + y[inside]).astype(np.int64)

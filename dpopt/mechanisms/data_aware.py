@@ -39,6 +39,10 @@ budgets are chosen from the statistics' noisy output only and always sum to (eps
 ledger once per step, each before any of its noise is drawn: statistics, partition, second stage (two charges
 when the partition is skipped, two with adaptive=False).
 
+2-D data (a product of two workloads, or grid=(n1, n2)): the cells are taken in Hilbert-curve order
+(`dpopt.partition.hilbert_order`, DAWA's Sec. 3.3), so the partition's intervals are compact regions; W P then
+reads W's columns in that order.
+
 Error: the mechanism has no data-independent expected error. Its record leaves expected_total_error, rmse
 and bound null and says why; compare's data_error (`dpopt compare --data`) is the number it is judged by.
 """
@@ -68,6 +72,7 @@ from dpopt.partition import (
     dense_for_partition,
     expansion,
     family_lengths,
+    hilbert_order,
     l1_partition,
     noise_sensitivity,
     signal_statistics,
@@ -185,7 +190,8 @@ class DataAwareMechanism(Mechanism):
     def __init__(self, ratio: float = DEFAULT_RATIO, inference: str = "ls",
                  max_optimal_buckets: int = MAX_OPTIMAL_BUCKETS,
                  negative_fraction: float = NNLS_NEGATIVE_FRACTION, deviation: str = DEFAULT_DEVIATION,
-                 cost_scale: float = 1.0, max_hdmm_buckets: int = MAX_HDMM_BUCKETS, adaptive: bool = True) -> None:
+                 cost_scale: float = 1.0, max_hdmm_buckets: int = MAX_HDMM_BUCKETS, adaptive: bool = True,
+                 grid: tuple[int, int] | None = None) -> None:
         if not (isinstance(ratio, (int, float)) and 0 < float(ratio) < 1):
             raise ValueError(f"ratio must lie strictly between 0 and 1, got {ratio!r}")
         if not isinstance(adaptive, bool):
@@ -194,6 +200,12 @@ class DataAwareMechanism(Mechanism):
             raise ValueError(f"ratio must exceed the statistics' share {STATS_SHARE} of eps when adaptive=True "
                              f"(it is taken from the partition's share), got {ratio!r}")
         self.adaptive = adaptive
+        if grid is not None:
+            if not (isinstance(grid, (tuple, list)) and len(grid) == 2
+                    and all(isinstance(v, (int, np.integer)) and v >= 1 for v in grid)):
+                raise ValueError(f"grid must be two positive integers (n1, n2) of a 2-D domain, got {grid!r}")
+            grid = (int(grid[0]), int(grid[1]))
+        self.grid = grid
         if not (isinstance(cost_scale, (int, float)) and 0 < float(cost_scale) < math.inf):
             raise ValueError(f"cost_scale must be a positive number, got {cost_scale!r}")
         check_choice(inference, INFERENCES, "inference")
@@ -215,9 +227,18 @@ class DataAwareMechanism(Mechanism):
         given = as_workload(workload)
         if not isinstance(privacy, Privacy):
             raise MechanismError(f"{self.short_name}: privacy must be a dpopt.privacy.Privacy")
+        shape = self.grid
         if isinstance(given, Kron) and len(given.factors) > 1:
-            raise MechanismError(f"{self.short_name}: the interval partition is defined on 1-D domains; "
-                                 f"{given.name} is a product of {len(given.factors)} factors")
+            if len(given.factors) > 2:
+                raise MechanismError(f"{self.short_name}: the interval partition orders 1-D and 2-D domains; "
+                                     f"{given.name} is a product of {len(given.factors)} factors")
+            kron_shape = (given.factors[0].n, given.factors[1].n)
+            if shape is not None and shape != kron_shape:
+                raise MechanismError(f"{self.short_name}: grid={shape} but the workload is over {kron_shape}")
+            shape = kron_shape
+        if shape is not None and shape[0] * shape[1] != given.n:
+            raise MechanismError(f"{self.short_name}: grid {shape} has {shape[0] * shape[1]} cells; the workload "
+                                 f"{given.name} has {given.n}")
         if not given.has_rows:
             raise MechanismError(f"{self.short_name}: workload {given.name} has no rows to reduce (known only "
                                  "through its Gram matrix)")
@@ -236,7 +257,11 @@ class DataAwareMechanism(Mechanism):
         self.families_ = {R: candidate_family(given.n, R) for R in resolutions}
         self.family_ = self.families_[RESOLUTION]
         self.lengths_ = family_lengths(self.family_)
-        self._W = given.sparse()  # W P is formed once per partition, from W's stored rows
+        # 2-D: cells in Hilbert-curve order, so the partition's intervals are compact regions (DAWA, Sec. 3.3)
+        self.order_ = hilbert_order(shape) if shape is not None and min(shape) > 1 else None
+        self._W = given.sparse()  # W P is formed once per partition, from W's stored rows (columns in order_)
+        if self.order_ is not None:
+            self._W = sp.csr_matrix(self._W[:, self.order_])
         self._dense_stage: ReducedStage | None = None
         self.policy_: dict[str, Any] = {}
         self.strategy_ = None  # chosen for each data set (see answer and release)
@@ -274,15 +299,20 @@ class DataAwareMechanism(Mechanism):
         return {"signal": signal, "resolution": LOW_SIGNAL_RESOLUTION if signal < LOW_SIGNAL else RESOLUTION,
                 "dense": bool(dense), "total_hat": total, "changes_hat": changes}
 
+    def ordered(self, x: np.ndarray) -> np.ndarray:
+        """x's cells in the partition's order (the Hilbert curve on a 2-D grid, else as given)."""
+        x = np.asarray(x, dtype=float).ravel()
+        return x if self.order_ is None else x[self.order_]
+
     def partition(self, x: np.ndarray, perturb: Perturb, resolution: int = RESOLUTION) -> np.ndarray:
-        """The bucket edges from `dpopt.partition.l1_partition` over the family of that resolution, with the
-        partition's noise drawn by perturb."""
+        """The bucket edges (over `ordered` cells) from `dpopt.partition.l1_partition` over the family of that
+        resolution, with the partition's noise drawn by perturb."""
         self._check_fitted()
         x = check_finite_vector(x, "data vector x", self.workload_.n)
         if resolution not in self.families_:
             raise MechanismError(f"{self.short_name}: no candidate family of resolution {resolution!r} was fitted "
                                  f"(fitted: {sorted(self.families_)})")
-        return l1_partition(x, self.bucket_cost(), perturb, self.families_[resolution], self.deviation)
+        return l1_partition(self.ordered(x), self.bucket_cost(), perturb, self.families_[resolution], self.deviation)
 
     def reduced_workload(self, edges: np.ndarray) -> ExplicitWorkload:
         """W P (m x k): the workload on the buckets, each bucket's total spread uniformly over its cells."""
@@ -343,23 +373,25 @@ class DataAwareMechanism(Mechanism):
         if self.adaptive:
             if stats_noise is None:
                 raise MechanismError(f"{self.short_name}: the adaptive policy needs the statistics' noise source")
-            stats = stats_noise(signal_statistics(x, self.bucket_cost()), SIGNAL_STATISTICS_SENSITIVITY)
+            stats = stats_noise(signal_statistics(self.ordered(x), self.bucket_cost()), SIGNAL_STATISTICS_SENSITIVITY)
             self.policy_ = self.policy(stats)
         else:
             self.policy_ = {"signal": math.nan, "resolution": RESOLUTION, "dense": False}
         n = self.workload_.n
-        if self.policy_["dense"]:
+        if self.policy_["dense"]:  # the second stage measures x itself, in the workload's own cell order
             edges = np.arange(n + 1, dtype=np.int64)
             stage = self.dense_stage()
+            xb = np.asarray(x, dtype=float).ravel()
         else:
             if before_partition is not None:
                 before_partition()
             edges = self.partition(x, partition_noise, self.policy_["resolution"])
             stage = self.stage(edges)
+            xb = bucket_sums(self.ordered(x), edges)
         self.partition_ = edges
         self.stage_ = stage
         self.strategy_ = stage.strategy_
-        return edges, bucket_sums(x, edges), stage
+        return edges, xb, stage
 
     def answer_variants(self, x: np.ndarray, rng: np.random.Generator) -> dict[str, Any]:
         """Research mode, one run: {"ls", "nnls" (when computed), "auto"} answers (m,) from one partition and one
