@@ -360,3 +360,25 @@ def test_dpopt_answer_end_to_end(tmp_path):
     assert len(history) == 3  # signal 500 / 64 per cell: statistics, partition, second stage
     assert sum(h["epsilon"] for h in history) == pytest.approx(1.0, rel=1e-12)
     assert "in 3 charges" in err.getvalue()
+
+
+def test_second_stage_refuses_more_buckets_than_it_decomposes(monkeypatch):
+    # the stage eigendecomposes a k x k Gram: above MAX_STAGE_BUCKETS it says so before forming it
+    import dpopt.mechanisms.data_aware as data_aware
+    from dpopt.mechanisms.base import MechanismError
+
+    mech = _fitted(eps=1.0, n=64)
+    monkeypatch.setattr(data_aware, "MAX_STAGE_BUCKETS", 8)
+    with pytest.raises(MechanismError, match="kept 16 buckets.*at most 8"):
+        mech.stage(np.arange(0, 65, 4))
+    assert mech.stage(np.arange(0, 65, 8)).strategy_.shape[1] == 8
+
+
+def test_a_two_d_grid_never_skips_its_partition():
+    # the dense test's model is 1-D's hierarchy: at any signal a 2-D grid is partitioned
+    from dpopt.workloads import Kron
+
+    mech = make_mechanism("dawa-opt").fit(Kron([Prefix(8), Prefix(8)]), Privacy(100.0))
+    assert not mech.policy(np.array([1e9, 63.0]))["dense"]
+    assert make_mechanism("dawa-opt").fit(Prefix(64), Privacy(100.0)).policy(np.array([1e9, 63.0]))["dense"]
+

@@ -30,7 +30,8 @@ than the bucket cost c (`dpopt.partition.signal_statistics`, L1 sensitivity 3), 
   its budget unless (log k / log n)^3 < (1 - ratio)^2 (`dpopt.partition.dense_for_partition`). When it cannot,
   by a margin of DENSE_MARGIN Laplace scales of the noisy C (`dense`), the whole rest of the budget goes to the
   best data-independent baseline on the n cells. With STATS_SHARE = 0.02 that scale is 150 / eps cells, so on
-  4096 cells the test can skip at eps 1 and almost never at eps 0.1.
+  4096 cells the test can skip at eps 1 and almost never at eps 0.1. The model is 1-D's: on a 2-D grid the
+  partition always runs.
 Privacy: the statistics are (STATS_SHARE eps)-DP, the partition ((ratio - STATS_SHARE) eps)-DP (see
 `dpopt.partition`), the second stage ((1 - ratio) eps, delta)-DP on x_bar (each record lies in one bucket, so the
 reduction has sensitivity 1), or ((1 - STATS_SHARE) eps, delta)-DP on x when the partition is skipped; the
@@ -81,7 +82,7 @@ from dpopt.privacy import Perturb, Privacy, research_perturb
 from dpopt.solvers.nnls import solve_nnls
 from dpopt.strategy import StrategyError
 from dpopt.validation import check_choice, check_finite_vector
-from dpopt.workloads import ExplicitWorkload, Kron, Workload, as_workload
+from dpopt.workloads import MAX_DENSE_ENTRIES, ExplicitWorkload, Kron, Workload, as_workload
 
 # The partition's cost: DAWA's mean deviation, or the median deviation (half its sensitivity; module docstring).
 DEFAULT_DEVIATION = "mean"
@@ -115,6 +116,9 @@ DENSE_MARGIN = 2.0
 # Certified NNLS: stop at this relative duality gap (the noise it leaves is far below the privacy noise).
 NNLS_TOL = 1e-9
 BASELINE_STAGES = ("identity", "hierarchical", "wavelet")
+# The second stage eigendecomposes the k x k Gram of W P: at most this many buckets (k^3 flops, 8 k^2 bytes; a 1-D
+# domain of 4096 cells never exceeds it, a 2-D grid of 65,536 cells at high signal can).
+MAX_STAGE_BUCKETS = 8192
 
 
 def use_nnls(x_ls: np.ndarray, negative_fraction: float = NNLS_NEGATIVE_FRACTION) -> bool:
@@ -134,9 +138,12 @@ class ReducedStage:
         self.inference = inference
         self.negative_fraction = negative_fraction
         self.short_name = inner.short_name
-        # k <= MAX_HDMM_BUCKETS when hdmm's strategy is held through its factors: its dense A is small, and NNLS
-        # and the release read it
-        self.strategy_ = inner.strategy_.to_dense() if inner.strategy_.factored else inner.strategy_
+        # a strategy held through its factors is formed when it fits (hdmm's on k <= MAX_HDMM_BUCKETS buckets; NNLS
+        # reads A); the skipped partition's baseline on a large domain (a 2-D grid) stays factored and answers by
+        # least squares through its factors
+        r, n = inner.strategy_.shape
+        self.strategy_ = (inner.strategy_.to_dense() if inner.strategy_.factored and r * n <= MAX_DENSE_ENTRIES
+                          else inner.strategy_)
         self.privacy_ = inner.privacy_
         self.workload_ = reduced
         self.support_rtol = inner.support_rtol
@@ -160,7 +167,14 @@ class ReducedStage:
             self.answer_info_ = {"inference": "ls"}
             return out
         rule = use_nnls(x_ls, self.negative_fraction)
-        if self.inference == "nnls" or rule or self.inference == "both":
+        if (self.inference == "nnls" or rule) and s.factored:
+            r, n = s.shape
+            raise MechanismError(f"{self.short_name}: NNLS inference reads the strategy's matrix, and {s.name} "
+                                 f"({r} x {n}) is held through its factors; use inference='ls'")
+        if s.factored:  # "both" (the benchmark's): no NNLS estimate beside least squares
+            self.answer_info_ = {"inference": "ls", "negative_fraction": float(np.mean(x_ls < 0)),
+                                 "nnls": "not computed: the strategy is held through its factors"}
+        elif self.inference == "nnls" or rule or self.inference == "both":
             res = solve_nnls(s.matrix(), y, tol=NNLS_TOL)
             if res.status != "converged":
                 raise MechanismError(f"{self.short_name}: NNLS inference did not certify its optimum ({res.message})")
@@ -295,7 +309,9 @@ class DataAwareMechanism(Mechanism):
         # skip only when C is above the threshold by DENSE_MARGIN of its Laplace scale b: a data set that needs its
         # partition is skipped with probability below exp(-DENSE_MARGIN) / 2 (where b is large, it never is)
         b = SIGNAL_STATISTICS_SENSITIVITY / self.stats_privacy_.epsilon if self.stats_privacy_ is not None else 0.0
-        dense = signal >= HIGH_SIGNAL and dense_for_partition(1.0 + changes - DENSE_MARGIN * b, n, 1.0 - self.ratio)
+        # the model is 1-D's hierarchy: on a 2-D grid the partition always runs
+        dense = (self.order_ is None and signal >= HIGH_SIGNAL
+                 and dense_for_partition(1.0 + changes - DENSE_MARGIN * b, n, 1.0 - self.ratio))
         return {"signal": signal, "resolution": LOW_SIGNAL_RESOLUTION if signal < LOW_SIGNAL else RESOLUTION,
                 "dense": bool(dense), "total_hat": total, "changes_hat": changes}
 
@@ -329,8 +345,12 @@ class DataAwareMechanism(Mechanism):
         rows, not the factor's)."""
         from dpopt.mechanisms.registry import make_mechanism
 
+        k = len(edges) - 1
+        if k > MAX_STAGE_BUCKETS:
+            raise MechanismError(f"{self.short_name}: the partition kept {k} buckets; the second stage decomposes a "
+                                 f"k x k Gram matrix and takes at most {MAX_STAGE_BUCKETS} buckets (about "
+                                 f"{8 * k * k / 2**30:.1f} GiB and k^3 = {float(k) ** 3:.1e} flops here)")
         wp = self.reduced_workload(edges)
-        k = wp.n
         factor = _ReducedFactor(wp.gram(), name=f"factor of {wp.name}")
         if self.stage_privacy_.is_pure and k <= self.max_hdmm_buckets:
             names: tuple[str, ...] = ("hdmm",)  # its eps-DP optimum, never above its baselines
