@@ -26,10 +26,11 @@ moves by at most Delta_B = 1 (a minimum over c of functions each 1-Lipschitz in 
 twice the median's).
 
 Candidate buckets (`candidate_family`): every interval of up to 2R - 1 cells, and every interval of j g cells
-(g = 2^k, j = R .. 2R - 1) starting at a multiple of g, R = 16: every length to within 1/16, a boundary
-anywhere to within 1/16 of the buckets beside it, about 2 R n candidates, found by a dynamic program over the
-ends. The family does not depend on the data, as the argument requires; DAWA's exact variant uses every
-interval (n^2 / 2), its fast one the powers of 2 only.
+(g = 2^k, j = R .. 2R - 1) starting at a multiple of g (R = 16 by default): every length to within 1/R, a
+boundary anywhere to within 1/R of the buckets beside it, about 2 R n candidates, found by a dynamic program over
+the ends. The family does not depend on the data, as the argument requires (the data-aware mechanism picks R
+from noisy statistics, already private, before the partition); DAWA's exact variant uses every interval
+(n^2 / 2), its fast one the powers of 2 only. Fewer candidates make the noisy minimum less often won by noise.
 """
 
 from __future__ import annotations
