@@ -269,8 +269,6 @@ class DataAwareMechanism(Mechanism):
         self.dense_privacy_ = Privacy(eps - eps0, privacy.delta, calibration=privacy.calibration)
         resolutions = (RESOLUTION, LOW_SIGNAL_RESOLUTION) if self.adaptive else (RESOLUTION,)
         self.families_ = {R: candidate_family(given.n, R) for R in resolutions}
-        self.family_ = self.families_[RESOLUTION]
-        self.lengths_ = family_lengths(self.family_)
         # 2-D: cells in Hilbert-curve order, so the partition's intervals are compact regions (DAWA, Sec. 3.3)
         self.order_ = hilbert_order(shape) if shape is not None and min(shape) > 1 else None
         self._W = given.sparse()  # W P is formed once per partition, from W's stored rows (columns in order_)
@@ -343,8 +341,6 @@ class DataAwareMechanism(Mechanism):
         baselines; its objective is the L2 one) up to max_optimal_buckets, else the least-error baseline
         (identity, Qardaji's hierarchy, wavelet); noise on queries is no candidate (it would measure W P's m
         rows, not the factor's)."""
-        from dpopt.mechanisms.registry import make_mechanism
-
         k = len(edges) - 1
         if k > MAX_STAGE_BUCKETS:
             raise MechanismError(f"{self.short_name}: the partition kept {k} buckets; the second stage decomposes a "
@@ -356,33 +352,31 @@ class DataAwareMechanism(Mechanism):
             names: tuple[str, ...] = ("hdmm",)  # its eps-DP optimum, never above its baselines
         else:
             names = ("mm-optimal",) if k <= self.max_optimal_buckets else BASELINE_STAGES
+        best = self._least_error(names, factor, self.stage_privacy_, f"{k} buckets")
+        return ReducedStage(best, wp, self.inference, self.negative_fraction)
+
+    def _least_error(self, names: tuple[str, ...], workload: Workload, privacy: Privacy, what: str) -> Mechanism:
+        """The named mechanisms fitted on workload under privacy, the least expected error kept (a failed fit is
+        a MechanismError naming the stage)."""
+        from dpopt.mechanisms.registry import make_mechanism
+
         best: Mechanism | None = None
         for name in names:
             try:
-                mech = make_mechanism(name).fit(factor, self.stage_privacy_)
+                mech = make_mechanism(name).fit(workload, privacy)
             except (MechanismError, StrategyError) as exc:
-                raise MechanismError(f"{self.short_name}: second stage {name} on {k} buckets failed: {exc}") from None
+                raise MechanismError(f"{self.short_name}: second stage {name} on {what} failed: {exc}") from None
             if best is None or mech.expected_error_.total < best.expected_error_.total:
                 best = mech
         assert best is not None
-        return ReducedStage(best, wp, self.inference, self.negative_fraction)
+        return best
 
     def dense_stage(self) -> ReducedStage:
         """The second stage when the policy skips the partition: the least-error baseline (identity, Qardaji's
         hierarchy, wavelet) on the whole workload at dense_privacy_ (data-independent: fitted once)."""
-        from dpopt.mechanisms.registry import make_mechanism
-
         if self._dense_stage is None:
-            best: Mechanism | None = None
-            for name in BASELINE_STAGES:
-                try:
-                    mech = make_mechanism(name).fit(self.workload_, self.dense_privacy_)
-                except (MechanismError, StrategyError) as exc:
-                    raise MechanismError(f"{self.short_name}: second stage {name} on {self.workload_.n} cells "
-                                         f"failed: {exc}") from None
-                if best is None or mech.expected_error_.total < best.expected_error_.total:
-                    best = mech
-            assert best is not None
+            best = self._least_error(BASELINE_STAGES, self.workload_, self.dense_privacy_,
+                                     f"{self.workload_.n} cells")
             self._dense_stage = ReducedStage(best, self.workload_, self.inference, self.negative_fraction)
         return self._dense_stage
 
@@ -464,8 +458,8 @@ class DataAwareMechanism(Mechanism):
         x = check_finite_vector(x, "data vector x", self.workload_.n)
         # one OpenDP Laplace measurement per bucket length of every fitted family, each at its own scale; the
         # partition as a whole is eps1-DP (dpopt.partition), charged once, before any of its noise is drawn
-        sens = {float(noise_sensitivity(int(L), family_lengths(fam), self.deviation))
-                for fam in self.families_.values() for L in family_lengths(fam)}
+        sens = {float(noise_sensitivity(int(L), lengths, self.deviation))
+                for lengths in map(family_lengths, self.families_.values()) for L in lengths}
         plans = {s: _noise_plan(_Sensitivity(s), self.partition_privacy_) for s in sens}
         cost = max((p[3] for p in plans.values()), key=lambda c: c.epsilon)
         stats_plan = (_noise_plan(_Sensitivity(SIGNAL_STATISTICS_SENSITIVITY), self.stats_privacy_)

@@ -123,16 +123,21 @@ def _best_start(W: Workload, p: Participation, objective: str, K: int, size0: in
     best: tuple[float, np.ndarray, str] | None = None
     nit_all = 0
     toe = ToeplitzObjective(W, p, objective)
+
+    def loss_of(x: np.ndarray) -> float:  # the objective's certified loss of x's coefficients; inf if not finite
+        with np.errstate(all="ignore"):
+            loss = float(toe.losses(blt_coefficients(*_unpack(x), p.n))[0 if objective == "mean" else 1])
+        return loss if np.isfinite(loss) else np.inf
+
     for j, (lo, hi) in enumerate(START_EXPONENTS):
         if j and deadline is not None and time.perf_counter() >= deadline:
             break
         x, status, nit = _solve(W, p, objective, _pack(*initial_blt(K, size0, lo, hi)), deadline, callback,
                                 stage if j == 0 else f"{stage} start {j + 1}", max_iter)
         nit_all += nit
-        with np.errstate(all="ignore"):
-            loss = float(toe.losses(blt_coefficients(*_unpack(x), p.n))[0 if objective == "mean" else 1])
-        if best is None or (np.isfinite(loss) and loss < best[0]):
-            best = (loss if np.isfinite(loss) else np.inf, x, status)
+        loss = loss_of(x)
+        if best is None or loss < best[0]:
+            best = (loss, x, status)
         if status == "time_limit":
             break
     assert best is not None
@@ -143,9 +148,8 @@ def _best_start(W: Workload, p: Participation, objective: str, K: int, size0: in
                 break
             x, status, nit = _solve(W, p, objective, x, deadline, callback, f"{stage} split", max_iter)
             nit_all += nit
-            with np.errstate(all="ignore"):
-                loss = float(toe.losses(blt_coefficients(*_unpack(x), p.n))[0 if objective == "mean" else 1])
-            if np.isfinite(loss) and loss < best[0]:
+            loss = loss_of(x)
+            if loss < best[0]:
                 best, improved = (loss, x, status), True
         if not improved:
             break
