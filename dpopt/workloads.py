@@ -196,11 +196,15 @@ class Workload(ABC):
         return out
 
     def svd_bound(self) -> float:
-        """SVDB(W) (seed 004 Def. 4.1) from the rows or the Gram (`dpopt.bounds.dense_svd_bound`); the structured
-        workloads compute it through their factors or spectrum."""
+        """SVDB(W) (seed 004 Def. 4.1) from the rows or the Gram (`dpopt.bounds.dense_svd_bound`), kept once
+        computed (a workload is not changed after it is made; every mechanism fitted on it reads the same bound);
+        the structured workloads compute it through their factors or spectrum."""
         from dpopt.bounds import dense_svd_bound
 
-        return dense_svd_bound(self)
+        memo = self.__dict__.get("_svd_bound_memo")
+        if memo is None:
+            memo = self.__dict__["_svd_bound_memo"] = dense_svd_bound(self)
+        return memo
 
     def toeplitz_column(self) -> np.ndarray | None:
         """First column a of W when W is square lower-triangular Toeplitz (W_tj = a_(t-j)), else None."""

@@ -382,3 +382,48 @@ def test_a_two_d_grid_never_skips_its_partition():
     assert not mech.policy(np.array([1e9, 63.0]))["dense"]
     assert make_mechanism("dawa-opt").fit(Prefix(64), Privacy(100.0)).policy(np.array([1e9, 63.0]))["dense"]
 
+
+
+def test_reduced_factor_reproduces_the_gram_and_its_bound():
+    """The second stage's k x k factor V of W P: V^T V = G within the factorisation's backward error, the
+    Cholesky factor (upper triangular) when W P has full column rank, the eigen-factor when it has not."""
+    from dpopt.bounds import EPS, svd_bound_from_gram
+    from dpopt.mechanisms.data_aware import _ReducedFactor
+
+    edges = np.array([0, 5, 20, 21, 40, 64])
+    WP = Prefix(64).matrix() @ expansion(edges, 64).toarray()  # full column rank: 5 independent columns
+    G = WP.T @ WP
+    f = _ReducedFactor(G, "prefix on buckets")
+    V = f.matrix()
+    k = G.shape[0]
+    assert np.array_equal(np.tril(V, -1), np.zeros_like(V))
+    # Cholesky's backward error: |V^T V - G| <= (k + 1) eps |V|^T |V| entrywise (Higham, Thm. 10.3), doubled
+    assert np.all(np.abs(V.T @ V - G) <= 2 * (k + 1) * EPS * (np.abs(V).T @ np.abs(V)) + 1e-300)
+    assert f.svd_bound() == svd_bound_from_gram(G)  # the same eigenvalues of the same symmetric G
+
+    W = np.array([[1.0, 1, 0, 0, 0, 0], [0, 1, 1, 1, 0, 0], [0, 0, 0, 1, 1, 1]])  # rank 3 over 6 cells
+    G = W.T @ W
+    f = _ReducedFactor(G, "rank-deficient")
+    V = f.matrix()
+    # a backward-stable symmetric eigensolver: ||V^T V - G||_2 <= c k eps ||G||_2, c = 10 a generous constant
+    assert np.linalg.norm(V.T @ V - G, 2) <= 10 * 6 * EPS * np.linalg.norm(G, 2)
+    # the eigen-factor: rows sqrt(lam_i) u_i^T, the null space's three within sqrt of the eigenvalues' round-off
+    norms = np.sort(np.linalg.norm(V, axis=1))
+    assert np.all(norms[:3] <= np.sqrt(10 * 6 * EPS * np.linalg.norm(G, 2))) and norms[3] > 0.1
+    # the bound lies below SVDB(W) = (1/n)(sum of W's singular values)^2 computed from W itself
+    s = np.linalg.svd(W, compute_uv=False)
+    assert f.svd_bound() <= s.sum() ** 2 / 6
+
+
+def test_a_workloads_svd_bound_is_computed_once(monkeypatch):
+    """Every mechanism fitted on one workload reads the same SVDB: the dense one is computed once and kept."""
+    import dpopt.bounds as bounds
+    from dpopt.workloads import ExplicitWorkload
+
+    calls = []
+    real = bounds.dense_svd_bound
+    monkeypatch.setattr(bounds, "dense_svd_bound", lambda w: calls.append(w) or real(w))
+    w = ExplicitWorkload(np.tril(np.ones((8, 8))), name="prefix 8")
+    first = w.svd_bound()
+    assert w.svd_bound() == first and len(calls) == 1
+    assert first == real(ExplicitWorkload(np.tril(np.ones((8, 8)))))
