@@ -214,3 +214,29 @@ def test_blt_leaves_a_merged_buffer_local_minimum():
         assert len(np.unique(np.round(-np.log10(1 - theta), 2))) == 4  # no two buffers merged any more
         assert np.isclose(omega.sum(), 0.2578 + 0.1579 + 0.0763 + 0.0027, rtol=1e-12)
     assert _split_starts(_pack(np.array([0.3, 0.9, 0.99]), np.array([0.1, 0.1, 0.1]))) == []
+
+
+@pytest.mark.parametrize("block", [5, 128])
+def test_general_band_kernels_equal_dense_algebra(monkeypatch, block):
+    """The general band's blocked kernels (several blocks at block = 5, n = 37, w = 4) against dense numpy:
+    solves C^T X = R, C Y = R and the band of B^T H. Both sides are backward stable on C with unit diagonal and
+    off-diagonal entries below 0.25 (cond(C) < 4), so 100 n eps relative is a safe bound."""
+    import dpopt.streaming.banded as banded
+
+    monkeypatch.setattr(banded, "_BAND_BLOCK", block)
+    n, w, rng = 37, 4, np.random.default_rng(7)
+    L = np.c_[np.ones(n), 0.25 * rng.random((n, w - 1))]
+    C = banded.band_to_matrix(L)
+    assert np.array_equal(banded.band_block(L, 3, 20, 1, 30), C[3:20, 1:30])
+    R = rng.standard_normal((n, n))
+    U = np.triu(R)
+    tol = 100 * n * np.finfo(float).eps
+    for X, ref in ((banded.solve_band_transposed(L, R), np.linalg.solve(C.T, R)),
+                   (banded.solve_band_transposed(L, U, upper_rhs=True), np.linalg.solve(C.T, U)),
+                   (banded.solve_band(L, R), np.linalg.solve(C, R))):
+        assert np.abs(X - ref).max() <= tol * np.abs(ref).max()
+    B, H = np.tril(rng.standard_normal((n, n))), rng.standard_normal((n, n))
+    band, full = banded.band_of_product(B, H, w), B.T @ H
+    for d in range(w):
+        assert np.abs(band[: n - d, d] - np.diagonal(full, -d)).max() <= tol * np.abs(full).max()
+        assert np.all(band[n - d:, d] == 0)

@@ -6,8 +6,9 @@ max_r sum_a X_(r + ab, r + ab). Two structures:
 - "toeplitz" (default for a Toeplitz workload; McKenna 2024, "Scaling up the banded matrix factorization
   mechanism"): C = T(c) with c_0..c_(w-1) free, the Toeplitz family's O(n log n) loss (any n; 2^15 and beyond).
 - "general" (default otherwise, n <= DENSE_BANDED_STEPS): every band entry free, columns normalised to unit norm
-  (C = C~ D^-1, so X_jj = 1 and sens^2 = k exactly when w <= b), B^T = C^-T A^T by banded solves in O(n^2 w)
-  and the band of the gradient -B^T G C^-T in O(n^2 w); mean, or max by log-sum-exp smoothing.
+  (C = C~ D^-1, so X_jj = 1 and sens^2 = k exactly when w <= b), B^T = C^-T A^T by blocked banded solves in
+  O(n^2 w) and the band of the gradient -B^T G C^-T in O(n^2 w), both in matrix products; mean, or max by
+  log-sum-exp smoothing.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from scipy.linalg import solve_banded
+from scipy.linalg import solve_triangular
 
 from dpopt.streaming import series
 from dpopt.streaming.base import Factorization, dense_losses, prepare
@@ -42,22 +43,70 @@ def band_to_matrix(L: np.ndarray) -> np.ndarray:
     return C
 
 
-def _upper_ab(L: np.ndarray) -> np.ndarray:
-    """C^T (upper banded, w - 1 superdiagonals) in solve_banded's layout: ab[w-1-d, j+d] = (C^T)_(j, j+d)."""
-    n, w = L.shape
-    ab = np.zeros((w, n))
-    for d in range(w):
-        ab[w - 1 - d, d:] = L[: n - d, d]
-    return ab
+#: Columns of the gradient's band formed by one matrix product (`band_of_product`), and rows of one block of the
+#: blocked banded solves. Measured at n = 4096, w = 64, one BLAS thread: the band 0.07 s against 0.57 s by w
+#: diagonal passes; the solves 0.16 / 0.33 s against 0.28 / 0.57 s for scipy's solve_banded (blocks of 64, 256,
+#: 512 rows: 0.40 / 0.53, 0.19 / 0.38, 0.23 / 0.47 s).
+_BAND_BLOCK = 128
 
 
-def _lower_ab(L: np.ndarray) -> np.ndarray:
-    """C (lower banded) in solve_banded's layout: ab[d, j] = C_(j+d, j)."""
+def band_block(L: np.ndarray, r0: int, r1: int, c0: int, c1: int) -> np.ndarray:
+    """C[r0:r1, c0:c1] of the lower band C (C[j + d, j] = L[j, d]) as a dense block."""
+    w = L.shape[1]
+    d = np.arange(r0, r1)[:, None] - np.arange(c0, c1)[None, :]
+    inside = (d >= 0) & (d < w)
+    out = np.zeros(d.shape)
+    out[inside] = L[np.broadcast_to(np.arange(c0, c1)[None, :], d.shape)[inside], d[inside]]
+    return out
+
+
+def solve_band_transposed(L: np.ndarray, R: np.ndarray, *, upper_rhs: bool = False) -> np.ndarray:
+    """X with C^T X = R (C the lower band of L), by block back substitution: each block of _BAND_BLOCK rows one
+    product with the w - 1 rows below it and one dense triangular solve. upper_rhs: R is upper triangular, so X
+    is, and each block's columns left of it are skipped."""
     n, w = L.shape
-    ab = np.zeros((w, n))
-    for d in range(w):
-        ab[d, : n - d] = L[: n - d, d]
-    return ab
+    X = np.zeros(R.shape)
+    for i1 in range(n, 0, -_BAND_BLOCK):
+        i0 = max(0, i1 - _BAND_BLOCK)
+        e = min(i1 + w - 1, n)
+        c0 = i0 if upper_rhs else 0
+        rhs = np.array(R[i0:i1, c0:], dtype=float)
+        if e > i1:
+            rhs -= band_block(L, i1, e, i0, i1).T @ X[i1:e, c0:]
+        X[i0:i1, c0:] = solve_triangular(band_block(L, i0, i1, i0, i1).T, rhs, lower=False, check_finite=False)
+    return X
+
+
+def solve_band(L: np.ndarray, R: np.ndarray) -> np.ndarray:
+    """Y with C Y = R (C the lower band of L), by block forward substitution (as `solve_band_transposed`)."""
+    n, w = L.shape
+    Y = np.zeros(R.shape)
+    for i0 in range(0, n, _BAND_BLOCK):
+        i1 = min(i0 + _BAND_BLOCK, n)
+        s0 = max(0, i0 - (w - 1))
+        rhs = np.array(R[i0:i1], dtype=float)
+        if i0 > s0:
+            rhs -= band_block(L, i0, i1, s0, i0) @ Y[s0:i0]
+        Y[i0:i1] = solve_triangular(band_block(L, i0, i1, i0, i1), rhs, lower=True, check_finite=False)
+    return Y
+
+
+def band_of_product(B: np.ndarray, H: np.ndarray, w: int) -> np.ndarray:
+    """The band of B^T H for B lower triangular (n x n): out[j, d] = B[:, j + d] . H[:, j] for d < w, j + d < n.
+
+    One product B[j0:, j0:j1 + w - 1]^T H[j0:, j0:j1] per block of _BAND_BLOCK columns (rows above j0 of B's
+    columns are zero): n^2 (s + w) / 2 flops in matrix products, against n^2 w in w memory-bound passes."""
+    n = B.shape[0]
+    out = np.zeros((n, w))
+    for j0 in range(0, n, _BAND_BLOCK):
+        j1 = min(j0 + _BAND_BLOCK, n)
+        c1 = min(j1 + w - 1, n)
+        M = B[j0:, j0:c1].T @ H[j0:, j0:j1]  # M[r, i] = B[:, j0 + r] . H[:, j0 + i]
+        i = np.arange(j1 - j0)[:, None]
+        r = i + np.arange(w)[None, :]
+        inside = r < c1 - j0
+        out[j0:j1][inside] = M[r[inside], np.broadcast_to(i, r.shape)[inside]]
+    return out
 
 
 class GeneralBanded:
@@ -77,8 +126,8 @@ class GeneralBanded:
         return Lt / norms[:, None], norms
 
     def decoder(self, L: np.ndarray) -> np.ndarray:
-        """B = A C^-1: B^T = C^-T A^T by one banded solve."""
-        return solve_banded((0, self.w - 1), _upper_ab(L), self.A.T).T
+        """B = A C^-1: B^T = C^-T A^T by one blocked banded solve (A^T upper triangular, so is B^T)."""
+        return solve_band_transposed(L, self.A.T, upper_rhs=True).T
 
     def value_grad(self, x: np.ndarray) -> tuple[float, np.ndarray]:
         n, w = self.n, self.w
@@ -94,11 +143,8 @@ class GeneralBanded:
             F = math.exp(self.mu * (z.max() + math.log(s.sum())))
             omega = F * (s / s.sum()) / rows
         G = 2.0 * omega[:, None] * B  # dF/dB
-        H = solve_banded((w - 1, 0), _lower_ab(L), G.T).T  # H = G C^-T  (C H^T = G^T)
-        gL = np.zeros((n, w))
-        for d in range(w):  # band of dF/dC = -B^T H: entry (j + d, j) = -B[:, j + d] . H[:, j]
-            gL[: n - d, d] = -np.einsum("tj,tj->j", B[:, d:], H[:, : n - d])
-        gL /= F
+        H = solve_band(L, G.T).T  # H = G C^-T  (C H^T = G^T)
+        gL = -band_of_product(B, H, w) / F  # band of dF/dC = -B^T H
         radial = np.einsum("jd,jd->j", gL, L)
         gx = (gL - radial[:, None] * L) / norms[:, None] * self.mask
         return math.log(F), gx.ravel()
