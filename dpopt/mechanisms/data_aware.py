@@ -534,10 +534,10 @@ class _ReducedFactor(ExplicitWorkload):
     """V (k x k) with V^T V = G = (W P)^T W P: the Cholesky factor V = L^T (G = L L^T) when G is positive definite
     beyond round-off (W P of full column rank, as prefix sums over buckets are), else V = diag(lam)^1/2 U^T from
     G = U diag(lam) U^T. The candidates' errors depend on V only through V^T V, so either factor serves (1,396
-    buckets of prefix sums, one BLAS thread, medians of 3: eigh 0.32 s, eigvalsh 0.13 s, Cholesky 0.02 s). It keeps G and SVDB(W P) = (1/k)(sum_i sqrt(lam_i))^2
-    from the eigenvalues (seed 004 Prop. 4.3, each lowered by its round-off bound by
-    `dpopt.bounds.eigenvalue_singular_value_lower_bounds`), so the candidates read them instead of forming V^T V
-    and decomposing it again."""
+    buckets of prefix sums, one BLAS thread, medians of 3: eigh 0.32 s, eigvalsh 0.13 s, Cholesky 0.02 s). It
+    keeps G and SVDB(W P) = (1/k)(sum_i sqrt(lam_i))^2 from the eigenvalues (seed 004 Prop. 4.3, each lowered by
+    its round-off bound by `dpopt.bounds.eigenvalue_singular_value_lower_bounds`), so the candidates read them
+    instead of forming V^T V and decomposing it again."""
 
     def __init__(self, G: np.ndarray, name: str) -> None:
         G = (G + G.T) / 2
