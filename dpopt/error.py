@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
-import scipy.linalg as sla
 
 from dpopt.linalg import row_sq_norms
 from dpopt.privacy import Privacy
@@ -59,11 +58,8 @@ def unit_error(strategy: Strategy, workload: Workload) -> float:
     """||B||_F^2 with B = W A^+ (via trace(G X^+), unscaled Gram) or the given B: error per unit noise variance."""
     if strategy.B is not None:
         return float(row_sq_norms(strategy.B).sum())
-    G = workload.gram()
-    L = strategy._cholesky
-    if L is not None:  # full column rank: X^+ = X^{-1} through the Cholesky factor
-        return float(np.trace(sla.cho_solve((L, True), G)))
-    return float(np.einsum("ij,ji->", G, strategy.gram_pinv()))
+    # X^+ (a Cholesky inverse at full column rank) is computed once per strategy and serves its answers too
+    return float(np.einsum("ij,ji->", workload.gram(), strategy.gram_pinv()))
 
 
 def expected_error(

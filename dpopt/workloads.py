@@ -434,6 +434,19 @@ class Prefix(_Family):
         """Prefix sums are lower-triangular Toeplitz with every coefficient 1."""
         return np.ones(self._n)
 
+    def singular_values(self) -> np.ndarray:
+        """Closed form: sigma_j = 1 / (2 sin((2j - 1) pi / (4n + 2))), j = 1..n (W^-1 is the first-difference
+        matrix, whose W^-T W^-1 = 2 - 2 cos((2j - 1) pi / (2n + 1)) spectrum is the tridiagonal one with a 1 in
+        its corner); each within 4 units of round-off of the exact value (the angle, sin, the division)."""
+        j = np.arange(1, self._n + 1, dtype=float)
+        return 1.0 / (2.0 * np.sin((2.0 * j - 1.0) * np.pi / (4.0 * self._n + 2.0)))
+
+    def svd_bound(self) -> float:
+        """SVDB(W) (seed 004 Def. 4.1) from the closed-form singular values, rounding only lowering it."""
+        from dpopt.bounds import EPS, svdb_from_singular_value_bounds
+
+        return svdb_from_singular_value_bounds(self.singular_values(), self._n, term_rel_err=8.0 * EPS)
+
 
 def cooldown_schedule(n: int, fraction: float = 0.25, target: float = 0.05) -> np.ndarray:
     """Learning-rate cooldown of Choquette-Choo et al. 2023 (multi-epoch DP-MF, the momentum_with_cooldown workload):

@@ -111,3 +111,20 @@ def test_lrm_lemma3_is_the_error_of_its_decomposition():
     assert lrm_lower_bound_lemma4(w, 0.5) == pytest.approx(lemma4, rel=10 * W.shape[1] * kappa**2 * np.finfo(float).eps)
     with pytest.raises(ValueError, match="epsilon"):
         lrm_upper_bound_lemma3(w, 0.0)
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 300])
+def test_prefix_closed_form_singular_values_and_bound(n):
+    """Prefix(n)'s closed-form singular values against LAPACK's SVD of the matrix (backward stable: each within
+    10 n eps sigma_max, a generous multiple of its error bound), and its SVDB within that of the SVD's while
+    never above the exact value the SVD brackets."""
+    from dpopt.bounds import EPS
+    from dpopt.workloads import Prefix
+
+    w = Prefix(n)
+    s = np.sort(np.linalg.svd(np.tril(np.ones((n, n))), compute_uv=False))
+    closed = np.sort(w.singular_values())
+    slack = 10 * n * EPS * s[-1]
+    assert np.all(np.abs(closed - s) <= slack)
+    assert w.svd_bound() <= (s.sum() + n * slack) ** 2 / n
+    assert w.svd_bound() >= (s.sum() - n * slack) ** 2 / n * (1 - 1e-12)
