@@ -104,15 +104,14 @@ _NU_GAP_FRACTION = 0.1
 _NU_FULL_STEP = 1e-2
 #: Pattern rescaling (a Cholesky factorisation and solve) is tried once the uniform gap is below this.
 _RESCALE_BELOW = 1e-2
-#: The numerical floor: once the gap is below _FLOOR_GAP, a Newton step of length >= 1/2 that shrinks the gap by
-#: less than the fraction _FLOOR_DECREASE, taken with the barrier's share nu n / (primal - dual) of the gap at most
-#: _FLOOR_BARRIER (nu is set to 0.01 or 0.1 of the gap over n, so a step that reached the centre for its nu would
-#: have shrunk the gap to about that share), ends the ascent as stalled. Steps stop at 0.99 of the way to the cone's
-#: boundary, so a step near the optimum may be just short of 1. Measured on prefix sums at tol 1e-15: n = 64, 256,
-#: 512, 1024 (k = 4, 4, 16, 16) reached gaps of 9.6e-12 to 1.3e-11 and then took 1 to 4 more steps without moving
-#: them (each to 0.94-1.0 of the last) before a line search failed; n = 4096, k = 16 reached 1.27e-8 in 259 CPU s
-#: and then spent 555 s on two steps (1.23e-8) before its line search failed (one BLAS thread). Before the floor
-#: every step shrank the gap to at most 0.78 of itself, and below 1e-6 to at most 0.04.
+#: The numerical floor: once the gap is below _FLOOR_GAP, a Newton step that shrinks the gap by less than the
+#: fraction _FLOOR_DECREASE, taken with the barrier's share nu n / (primal - dual) of the gap at most _FLOOR_BARRIER
+#: (nu is set to 0.01 or 0.1 of the gap over n, so a step that reached the centre for its nu would have shrunk the
+#: gap to about that share), ends the ascent as stalled. Measured on prefix sums at tol 1e-15: n = 64, 256, 512,
+#: 1024 (k = 4, 4, 16, 16) reached gaps of 9.6e-12 to 1.3e-11 and then took 1 to 4 more steps without moving them
+#: (each to 0.94-1.0 of the last) before a line search failed; n = 4096, k = 16 reached 1.27e-8 in 259 CPU s, took a
+#: damped step to 1.23e-8, and then spent over 450 s halving its next step 12 times and more (one BLAS thread).
+#: Before the floor every step shrank the gap to at most 0.78 of itself, and below 1e-6 to at most 0.04.
 _FLOOR_GAP = 1e-6
 _FLOOR_BARRIER = 0.2
 _FLOOR_DECREASE = 0.1
@@ -665,7 +664,7 @@ def ascend(problem: ParticipationDual, *, tol: float, max_iter: int, forcing: fl
         if stop is not None:
             status, message = stop
             break
-        if (gap <= _FLOOR_GAP and alpha >= 0.5 and len(history) >= 2
+        if (gap <= _FLOOR_GAP and len(history) >= 2
                 and gap > (1.0 - _FLOOR_DECREASE) * history[-2]["gap"]
                 and nu * n <= _FLOOR_BARRIER * (candidate.fun - best_dual_value)):
             status, message = STALLED, f"a Newton step left the gap at {gap:.2e} (numerical floor)"
