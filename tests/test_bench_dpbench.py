@@ -46,6 +46,11 @@ def test_summary_z_is_the_difference_in_standard_errors():
                      [c.strip() for c in line.strip("|").split("|")], strict=True))
     # the table prints 4 significant digits: rel 1e-3 is its rounding
     assert float(cells["z(dawa-opt - DAWA)"]) == pytest.approx(0.3 / math.hypot(0.1, 0.1), rel=1e-3)
-    summary_row = next(x for x in text.splitlines() if x.startswith("| dawa-opt/DAWA |"))
-    assert summary_row.split("|")[4].strip() == "1"  # above_by_2_se: z = 2.12 > 2
+    # against the best fixed mechanism (hierarchical, 2.0 +- 0.2): the standard error of the one chosen
+    assert float(cells["z(dawa-opt - best_fixed)"]) == pytest.approx(-0.7 / math.hypot(0.1, 0.2), rel=1e-3)
+    for scale in ("1000", "all"):  # the summary per scale, then over every row
+        summary_row = next(x for x in text.splitlines() if x.startswith(f"| {scale} | dawa-opt/DAWA |"))
+        assert summary_row.split("|")[5].strip() == "1"  # above_by_2_se: z = 2.12 > 2
+        fixed_row = next(x for x in text.splitlines() if x.startswith(f"| {scale} | dawa-opt/best_fixed |"))
+        assert fixed_row.split("|")[5].strip() == "0"
     assert np.isclose(float(cells["dawa-opt/DAWA"]), 1.3, rtol=1e-3)
