@@ -226,7 +226,11 @@ def test_general_band_kernels_equal_dense_algebra(monkeypatch, block):
     monkeypatch.setattr(banded, "_BAND_BLOCK", block)
     n, w, rng = 37, 4, np.random.default_rng(7)
     L = np.c_[np.ones(n), 0.25 * rng.random((n, w - 1))]
-    C = banded.band_to_matrix(L)
+    C = np.zeros((n, n))  # the band by its definition, C[j + d, j] = L[j, d], independently of the kernels
+    for j in range(n):
+        for d in range(min(w, n - j)):
+            C[j + d, j] = L[j, d]
+    assert np.array_equal(banded.band_to_matrix(L), C)
     assert np.array_equal(banded.band_block(L, 3, 20, 1, 30), C[3:20, 1:30])
     R = rng.standard_normal((n, n))
     U = np.triu(R)

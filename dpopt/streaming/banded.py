@@ -35,12 +35,8 @@ DENSE_BANDED_STEPS = 4096
 
 def band_to_matrix(L: np.ndarray) -> np.ndarray:
     """C from its band: C_(j+d, j) = L[j, d] for d < w and j + d < n."""
-    n, w = L.shape
-    C = np.zeros((n, n))
-    j = np.arange(n)
-    for d in range(w):
-        C[j[: n - d] + d, j[: n - d]] = L[: n - d, d]
-    return C
+    n = L.shape[0]
+    return band_block(L, 0, n, 0, n)
 
 
 #: Columns of the gradient's band formed by one matrix product (`band_of_product`), and rows of one block of the
@@ -51,12 +47,12 @@ _BAND_BLOCK = 128
 
 
 def band_block(L: np.ndarray, r0: int, r1: int, c0: int, c1: int) -> np.ndarray:
-    """C[r0:r1, c0:c1] of the lower band C (C[j + d, j] = L[j, d]) as a dense block."""
-    w = L.shape[1]
-    d = np.arange(r0, r1)[:, None] - np.arange(c0, c1)[None, :]
-    inside = (d >= 0) & (d < w)
-    out = np.zeros(d.shape)
-    out[inside] = L[np.broadcast_to(np.arange(c0, c1)[None, :], d.shape)[inside], d[inside]]
+    """C[r0:r1, c0:c1] of the lower band C (C[j + d, j] = L[j, d] for d < w, j + d < n) as a dense block."""
+    n, w = L.shape
+    out = np.zeros((r1 - r0, c1 - c0))
+    for d in range(w):  # the d-th subdiagonal's columns c with r0 <= c + d < r1 inside the block and the matrix
+        c = np.arange(max(c0, r0 - d), min(c1, r1 - d, n - d))
+        out[c + d - r0, c - c0] = L[c, d]
     return out
 
 
