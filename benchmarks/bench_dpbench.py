@@ -449,11 +449,12 @@ def main(argv: list[str] | None = None) -> int:
         "bucket B: the report-noisy-min argument in dpopt/partition.py; DAWA's (Delta_B + Delta_max) / (2 eps1) "
         "is not covered by it), over buckets of every length to within 1/R with ends on a grid of 1/R of "
         "their length (`dpopt.partition.candidate_family`; DAWA's exact partition takes every interval); its "
-        "second stage is hdmm (eps-DP's Laplace-error optimum) on the buckets up to 256 buckets, else the "
-        "best of identity, hierarchical and wavelet. Its policy (`dpopt.mechanisms.data_aware`) spends 2% of "
+        "second stage is hdmm (eps-DP's Laplace-error optimum) on the buckets up to 256 buckets, its "
+        "p-Identity of size 16 (OPT_0 only) up to 2048, else the best of identity, hierarchical and wavelet. Its policy (`dpopt.mechanisms.data_aware`) spends 2% of "
         "eps on the noisy total and count changes: R = 4 where N eps / n < 1 (every 1,000-record row), else 16; "
         "at N eps / n >= 100 the partition is skipped when it would keep too many buckets to pay for its budget "
-        "(column partition_skipped: the fraction of runs).",
+        "(the hierarchy model, then the second stage's exact error on that many equal buckets; column "
+        "partition_skipped: the fraction of runs).",
         *_expected_note(n_cells),
         "Not run here: mm-optimal and hdmm on the 4096-cell domain (minutes per fit under eps-DP), and Ektelo's "
         "DAWA on 2-D data (its exact partition of 65,536 cells is quadratic); dawa-opt partitions 2-D data in "

@@ -27,9 +27,14 @@ than the bucket cost c (`dpopt.partition.signal_statistics`, L1 sensitivity 3), 
 - whether to partition at all: at high signal (s >= HIGH_SIGNAL) the partition's noise is small against the
   counts, and it keeps about k = 1 + C buckets (two neighbours further apart than c are cheaper kept apart); with
   Qardaji's hierarchy as the model of the second stage's error ((log k)^3 / eps2^2 for k cells) it cannot pay for
-  its budget unless (log k / log n)^3 < (1 - ratio)^2 (`dpopt.partition.dense_for_partition`). When it cannot,
-  by a margin of DENSE_MARGIN Laplace scales of the noisy C (`dense`), the whole rest of the budget goes to the
-  best data-independent baseline on the n cells. With STATS_SHARE = 0.02 that scale is 150 / eps cells, so on
+  its budget unless (log k / log n)^3 < (1 - ratio)^2 (`dpopt.partition.dense_for_partition`). Where the model
+  says it cannot, the exact expected errors decide (`partition_cannot_pay`): the second stage on k equal
+  buckets at eps2 against the best baseline on all n cells (the second stage's p-Identity beats the model's
+  hierarchy: on INCOME and MEDCOST at 10^7 records, eps 1, prefix sums, the partition the model skipped gave
+  2.20e-8 and 2.11e-8 (6 runs each) against 2.60e-8 and 2.19e-8 skipped). When it cannot, by a margin of
+  DENSE_MARGIN Laplace scales of the noisy C (`dense`), the whole rest of the budget goes to the second stage's
+  own choice on all n cells (`dense_stage`: at 4096 cells the best baseline, as p-Identity of size 16 only ties
+  with Qardaji's hierarchy there). With STATS_SHARE = 0.02 that scale is 150 / eps cells, so on
   4096 cells the test can skip at eps 1 and almost never at eps 0.1. The model is 1-D's: on a 2-D grid the
   partition always runs.
 Privacy: the statistics are (STATS_SHARE eps)-DP, the partition ((ratio - STATS_SHARE) eps)-DP (see
@@ -50,6 +55,7 @@ and bound null and says why; compare's data_error (`dpopt compare --data`) is th
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from typing import Any, ClassVar
@@ -64,6 +70,7 @@ from dpopt.bounds import (
     eigenvalue_singular_value_lower_bounds,
     svdb_from_singular_value_bounds,
 )
+from dpopt.hdmm import laplace_factor
 from dpopt.mechanisms.base import FitInfo, Mechanism, MechanismError, Selection
 from dpopt.partition import (
     DEVIATIONS,
@@ -96,6 +103,14 @@ MAX_OPTIMAL_BUCKETS = 512
 # mm-optimal's L2 optimum does not target: on DPBench's prefix sums over 64 / 128 / 256 random buckets its error
 # is 0.41 / 0.32 / 0.65 of mm-optimal's, in 2.8 / 7.7 / 15.5 CPU s (one core); at 512 buckets it took over 90 s.
 MAX_HDMM_BUCKETS = 256
+# Beyond it, up to MAX_LARGE_HDMM_BUCKETS, hdmm's p-Identity with p = LARGE_HDMM_P (HDMM's own p at 256 cells) and
+# OPT_0 only (no further rounds): on Prefix(k)'s Gram its unit error is 0.63 / 0.62 / 0.63 of the best baseline's
+# (Qardaji's hierarchy) at k = 512 / 1024 / 2048, in 1.3 / 3.1 / 11.6 CPU s (one thread). The baselines on the
+# buckets are far from it when the buckets differ in length: prefix sums of GrossCompenMDSalary2_filtered at 10^7
+# records, eps 1, over 823 buckets: unit error 1.15e5 against 4.85e5 for the best hierarchy, which there was
+# above the hierarchy over all 4096 cells (at the stage's eps), so dawa-opt trailed the best fixed mechanism.
+MAX_LARGE_HDMM_BUCKETS = 2048
+LARGE_HDMM_P = 16
 # "both" answers as "auto" but always computes the NNLS estimate too (the benchmark compares the two).
 INFERENCES = ("ls", "nnls", "auto", "both")
 # `use_nnls`: NNLS replaces least squares when at least this fraction of the least-squares bucket estimates
@@ -206,7 +221,8 @@ class DataAwareMechanism(Mechanism):
                  max_optimal_buckets: int = MAX_OPTIMAL_BUCKETS,
                  negative_fraction: float = NNLS_NEGATIVE_FRACTION, deviation: str = DEFAULT_DEVIATION,
                  cost_scale: float = 1.0, max_hdmm_buckets: int = MAX_HDMM_BUCKETS, adaptive: bool = True,
-                 grid: tuple[int, int] | None = None) -> None:
+                 grid: tuple[int, int] | None = None,
+                 max_large_hdmm_buckets: int = MAX_LARGE_HDMM_BUCKETS) -> None:
         if not (isinstance(ratio, (int, float)) and 0 < float(ratio) < 1):
             raise ValueError(f"ratio must lie strictly between 0 and 1, got {ratio!r}")
         if not isinstance(adaptive, bool):
@@ -231,6 +247,7 @@ class DataAwareMechanism(Mechanism):
         self.inference = inference
         self.max_optimal_buckets = int(max_optimal_buckets)
         self.max_hdmm_buckets = int(max_hdmm_buckets)
+        self.max_large_hdmm_buckets = int(max_large_hdmm_buckets)
         self.negative_fraction = float(negative_fraction)
 
     def _select(self, workload: Workload, privacy: Privacy) -> Selection:
@@ -276,6 +293,7 @@ class DataAwareMechanism(Mechanism):
         if self.order_ is not None:
             self._W = sp.csr_matrix(self._W[:, self.order_])
         self._dense_stage: ReducedStage | None = None
+        self._uniform_stage_errors: dict[int, float] = {}
         self.policy_: dict[str, Any] = {}
         self.strategy_ = None  # chosen for each data set (see answer and release)
         self.expected_error_ = None
@@ -308,11 +326,30 @@ class DataAwareMechanism(Mechanism):
         # skip only when C is above the threshold by DENSE_MARGIN of its Laplace scale b: a data set that needs its
         # partition is skipped with probability below exp(-DENSE_MARGIN) / 2 (where b is large, it never is)
         b = SIGNAL_STATISTICS_SENSITIVITY / self.stats_privacy_.epsilon if self.stats_privacy_ is not None else 0.0
-        # the model is 1-D's hierarchy: on a 2-D grid the partition always runs
+        # the model is 1-D's: on a 2-D grid the partition always runs
         dense = (self.order_ is None and signal >= HIGH_SIGNAL
-                 and dense_for_partition(1.0 + changes - DENSE_MARGIN * b, n, 1.0 - self.ratio))
+                 and self.partition_cannot_pay(1.0 + changes - DENSE_MARGIN * b))
         return {"signal": signal, "resolution": LOW_SIGNAL_RESOLUTION if signal < LOW_SIGNAL else RESOLUTION,
                 "dense": bool(dense), "total_hat": total, "changes_hat": changes}
+
+    def partition_cannot_pay(self, buckets: float) -> bool:
+        """The dense test for a partition expected to keep about `buckets` buckets: the hierarchy model
+        (`dpopt.partition.dense_for_partition`) first; where it says skip, the exact expected errors decide: the
+        second stage (`stage`) on equal buckets, their number `buckets` rounded up to a power of 2^(1/4), at the
+        stage's eps, against the dense stage on all cells at its eps. Both are data-independent (cached per
+        number of buckets); the partition's bias is left out (at high signal it is small against the noise)."""
+        n = self.workload_.n
+        if not dense_for_partition(buckets, n, 1.0 - self.ratio):
+            return False
+        if buckets >= n:
+            return True
+        k = min(n, math.ceil(2.0 ** (math.ceil(4.0 * math.log2(max(buckets, 2.0))) / 4.0) - 1e-9))
+        if k > MAX_STAGE_BUCKETS:
+            return True  # the second stage could not take that many buckets
+        if k not in self._uniform_stage_errors:
+            edges = np.unique(np.round(np.linspace(0.0, n, k + 1)).astype(np.int64))
+            self._uniform_stage_errors[k] = float(self.stage(edges).inner.expected_error_.total)
+        return self._uniform_stage_errors[k] >= float(self.dense_stage().inner.expected_error_.total)
 
     def ordered(self, x: np.ndarray) -> np.ndarray:
         """x's cells in the partition's order (the Hilbert curve on a 2-D grid, else as given)."""
@@ -338,8 +375,9 @@ class DataAwareMechanism(Mechanism):
 
     def stage(self, edges: np.ndarray) -> ReducedStage:
         """The second stage fitted on a k x k factor of W P under the second stage's privacy: under eps-DP hdmm
-        (L1 sensitivity, its baselines included) up to max_hdmm_buckets buckets; else mm-optimal (with its
-        baselines; its objective is the L2 one) up to max_optimal_buckets, else the least-error baseline
+        (L1 sensitivity, its baselines included) up to max_hdmm_buckets buckets, and its p-Identity of size
+        LARGE_HDMM_P (OPT_0 only) up to max_large_hdmm_buckets; under (eps, delta) mm-optimal (with its
+        baselines; its objective is the L2 one) up to max_optimal_buckets; else the least-error baseline
         (identity, Qardaji's hierarchy, wavelet); noise on queries is no candidate (it would measure W P's m
         rows, not the factor's)."""
         k = len(edges) - 1
@@ -349,22 +387,29 @@ class DataAwareMechanism(Mechanism):
                                  f"{8 * k * k / 2**30:.1f} GiB and k^3 = {float(k) ** 3:.1e} flops here)")
         wp = self.reduced_workload(edges)
         factor = _ReducedFactor(wp.gram(), name=f"factor of {wp.name}")
-        if self.stage_privacy_.is_pure and k <= self.max_hdmm_buckets:
-            names: tuple[str, ...] = ("hdmm",)  # its eps-DP optimum, never above its baselines
-        else:
-            names = ("mm-optimal",) if k <= self.max_optimal_buckets else BASELINE_STAGES
-        best = self._least_error(names, factor, self.stage_privacy_, f"{k} buckets")
+        best = self._least_error(*self._stage_choice(k, self.stage_privacy_), factor, self.stage_privacy_,
+                                 f"{k} buckets")
         return ReducedStage(best, wp, self.inference, self.negative_fraction)
 
-    def _least_error(self, names: tuple[str, ...], workload: Workload, privacy: Privacy, what: str) -> Mechanism:
-        """The named mechanisms fitted on workload under privacy, the least expected error kept (a failed fit is
-        a MechanismError naming the stage)."""
+    def _stage_choice(self, k: int, privacy: Privacy) -> tuple[tuple[str, ...], dict[str, Any]]:
+        """The second stage's candidates on k cells or buckets and their options (`stage`)."""
+        if privacy.is_pure and k <= self.max_hdmm_buckets:
+            return ("hdmm",), {}  # its eps-DP optimum, never above its baselines
+        if privacy.is_pure and k <= self.max_large_hdmm_buckets:
+            # p-Identity of a fixed size, OPT_0 only; never above its baselines either
+            return ("hdmm",), {"factor_solver": functools.partial(laplace_factor, p=LARGE_HDMM_P, rounds=0)}
+        return (("mm-optimal",) if k <= self.max_optimal_buckets else BASELINE_STAGES), {}
+
+    def _least_error(self, names: tuple[str, ...], options: dict[str, Any], workload: Workload, privacy: Privacy,
+                     what: str) -> Mechanism:
+        """The named mechanisms (constructed with options) fitted on workload under privacy, the least expected
+        error kept (a failed fit is a MechanismError naming the stage)."""
         from dpopt.mechanisms.registry import make_mechanism
 
         best: Mechanism | None = None
         for name in names:
             try:
-                mech = make_mechanism(name).fit(workload, privacy)
+                mech = make_mechanism(name, **options).fit(workload, privacy)
             except (MechanismError, StrategyError) as exc:
                 raise MechanismError(f"{self.short_name}: second stage {name} on {what} failed: {exc}") from None
             if best is None or mech.expected_error_.total < best.expected_error_.total:
@@ -373,11 +418,13 @@ class DataAwareMechanism(Mechanism):
         return best
 
     def dense_stage(self) -> ReducedStage:
-        """The second stage when the policy skips the partition: the least-error baseline (identity, Qardaji's
-        hierarchy, wavelet) on the whole workload at dense_privacy_ (data-independent: fitted once)."""
+        """The second stage when the policy skips the partition, at dense_privacy_ on the whole workload
+        (data-independent: fitted once): on a 1-D domain the stage's own choice for n cells (`_stage_choice`), on
+        a 2-D grid the least-error baseline (identity, Qardaji's hierarchy, wavelet), which stays factored."""
         if self._dense_stage is None:
-            best = self._least_error(BASELINE_STAGES, self.workload_, self.dense_privacy_,
-                                     f"{self.workload_.n} cells")
+            n = self.workload_.n
+            choice = self._stage_choice(n, self.dense_privacy_) if self.order_ is None else (BASELINE_STAGES, {})
+            best = self._least_error(*choice, self.workload_, self.dense_privacy_, f"{n} cells")
             self._dense_stage = ReducedStage(best, self.workload_, self.inference, self.negative_fraction)
         return self._dense_stage
 
