@@ -29,7 +29,7 @@ than the bucket cost c (`dpopt.partition.signal_statistics`, L1 sensitivity 3), 
   Qardaji's hierarchy as the model of the second stage's error ((log k)^3 / eps2^2 for k cells) it cannot pay for
   its budget unless (log k / log n)^3 < (1 - ratio)^2 (`dpopt.partition.dense_for_partition`). Where the model
   says it cannot, the exact expected errors decide (`partition_cannot_pay`): the second stage on k equal
-  buckets at eps2 against the best baseline on all n cells (the second stage's p-Identity beats the model's
+  buckets at eps2 against the dense stage on all n cells (the second stage's p-Identity beats the model's
   hierarchy: on INCOME and MEDCOST at 10^7 records, eps 1, prefix sums, the partition the model skipped gave
   2.20e-8 and 2.11e-8 (6 runs each) against 2.60e-8 and 2.19e-8 skipped). When it cannot, by a margin of
   DENSE_MARGIN Laplace scales of the noisy C (`dense`), the whole rest of the budget goes to the second stage's
