@@ -447,8 +447,8 @@ def main(argv: list[str] | None = None) -> int:
                       "not importable here (set DPOPT_EKTELO_PATH to a built checkout): Ektelo columns absent"),
         "dawa-opt's partition noise has 1 to 2 times the scale of DAWA's (Delta_B + Delta_max over eps1 for a "
         "bucket B: the report-noisy-min argument in dpopt/partition.py; DAWA's (Delta_B + Delta_max) / (2 eps1) "
-        "is not covered by it), over buckets of every length to within 1/R with ends on a grid of 1/R of "
-        "their length (`dpopt.partition.candidate_family`; DAWA's exact partition takes every interval); its "
+        "is not covered by it), over buckets of every length up to n / 4 to within 1/R with ends on a grid of 1/R "
+        "of their length (`dpopt.partition.candidate_family`; DAWA's exact partition takes every interval); its "
         "second stage is hdmm (eps-DP's Laplace-error optimum) on the buckets up to 256 buckets, its "
         "p-Identity of size 16 (OPT_0 only) up to 2048, else the best of identity, hierarchical and wavelet. Its policy (`dpopt.mechanisms.data_aware`) spends 2% of "
         "eps on the noisy total and count changes: R = 4 where N eps / n < 1 (every 1,000-record row), else 16; "

@@ -31,6 +31,8 @@ boundary anywhere to within 1/R of the buckets beside it, about 2 R n candidates
 the ends. The family does not depend on the data, as the argument requires (the data-aware mechanism picks R
 from noisy statistics, already private, before the partition); DAWA's exact variant uses every interval
 (n^2 / 2), its fast one the powers of 2 only. Fewer candidates make the noisy minimum less often won by noise.
+A family may stop at a longest bucket (max_length): the data-aware mechanism stops at a quarter of the domain
+(`dpopt.mechanisms.data_aware.MAX_BUCKET_FRACTION`).
 """
 
 from __future__ import annotations
@@ -50,20 +52,23 @@ DEV_BLOCK_ELEMENTS = 4_000_000
 DEVIATIONS = ("mean", "median")
 
 
-def candidate_family(n: int, resolution: int = RESOLUTION) -> list[tuple[int, np.ndarray]]:
+def candidate_family(n: int, resolution: int = RESOLUTION,
+                     max_length: int | None = None) -> list[tuple[int, np.ndarray]]:
     """The data-independent bucket family over n cells as (step g, lengths) pairs: g = 1 with every length
     1 .. 2R - 1, then g = 2^k with lengths j g, j = R .. 2R - 1, all starts multiples of g (R = resolution),
-    and the whole domain. Every length is a candidate to within 1/R of itself, and a boundary may fall at any
-    multiple of 1/R of the adjacent buckets' lengths, with about 2 R n candidates in all."""
+    and the whole domain; lengths above max_length (default n) left out. Every length is a candidate to within
+    1/R of itself, and a boundary may fall at any multiple of 1/R of the adjacent buckets' lengths, with about
+    2 R n candidates in all. Single cells are always candidates, so every family tiles the domain."""
     n = check_positive_int(n, "n")
     resolution = check_positive_int(resolution, "resolution")
-    family = [(1, np.arange(1, min(n, 2 * resolution - 1) + 1, dtype=np.int64))]
+    top = n if max_length is None else min(n, check_positive_int(max_length, "max_length"))
+    family = [(1, np.arange(1, min(top, 2 * resolution - 1) + 1, dtype=np.int64))]
     g = 2
-    while resolution * g <= n:
+    while resolution * g <= top:
         lengths = g * np.arange(resolution, 2 * resolution, dtype=np.int64)
-        family.append((g, lengths[lengths <= n]))
+        family.append((g, lengths[lengths <= top]))
         g *= 2
-    if not any(n in lengths for _, lengths in family):
+    if top == n and not any(n in lengths for _, lengths in family):
         family.append((n, np.array([n], dtype=np.int64)))
     return family
 

@@ -100,6 +100,36 @@ def test_noise_calibration_written_out():
     assert noise_sensitivity(1, lengths, "median") == 1.0 and noise_sensitivity(64, lengths, "median") == 2.0
 
 
+def test_family_stops_at_its_longest_bucket_and_still_tiles():
+    n = 4096
+    family = candidate_family(n, max_length=n // 4)
+    lengths = family_lengths(family)
+    assert lengths.min() == 1 and lengths.max() <= n // 4 and n not in lengths
+    assert np.all(np.diff(lengths[lengths <= 32]) == 1)
+    long = lengths[lengths >= 16]
+    assert (np.diff(long) / long[:-1]).max() <= 1 / 16 + 1e-12
+    # the same lengths as the full family up to the cap, and the partition's noise calibrated on them
+    assert lengths.tolist() == [v for v in family_lengths(candidate_family(n)).tolist() if v <= n // 4]
+    assert partition_sensitivity(lengths) == 2 * (1 - 1 / lengths.max())
+    assert family_lengths(candidate_family(64, max_length=5)).tolist() == [1, 2, 3, 4, 5]
+
+
+def test_dawa_opt_partition_keeps_buckets_within_a_quarter_of_the_domain():
+    # the data's empty run of 32 cells is one bucket without the cap, and at most n / 4 = 16 cells with it
+    # (no noise: the dynamic program's exact minimum)
+    from dpopt.mechanisms.data_aware import MAX_BUCKET_FRACTION
+
+    x = _data()
+    capped = _fitted().partition(x, _no_noise)
+    assert np.diff(capped).max() <= MAX_BUCKET_FRACTION * 64
+    whole = make_mechanism("dawa-opt", max_bucket_fraction=1.0).fit(Prefix(64), Privacy(1.0)).partition(x, _no_noise)
+    assert np.diff(whole).max() == 32
+    # each is the exact minimum over its own family: the capped one splits the empty run, nothing else
+    assert len(capped) == len(whole) + 1
+    with pytest.raises(ValueError, match="max_bucket_fraction"):
+        make_mechanism("dawa-opt", max_bucket_fraction=0.0)
+
+
 def test_family_lengths_cover_every_size_to_within_its_resolution():
     n = 4096
     family = candidate_family(n)
