@@ -314,7 +314,9 @@ def test_dense_test_is_the_model_then_the_exact_errors():
     assert not dense(1.05 * k_star)
     part = mech._uniform_stage_errors[363]
     equal = np.unique(np.round(np.linspace(0.0, n, 364)).astype(np.int64))
-    assert part == mech.stage(equal).inner.expected_error_.total
+    # the cached value is that stage's error: fitted again here, the same seeded OPT_0 (whose runs stop at 1e-4
+    # relative gain over 10 iterations, so round-off from another BLAS moves it far less than 1%)
+    assert part == pytest.approx(mech.stage(equal).inner.expected_error_.total, rel=1e-2)
     assert part < 0.9 * mech.dense_stage().inner.expected_error_.total
     assert dense(n)  # a partition keeping every cell cannot pay
 
