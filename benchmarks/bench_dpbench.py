@@ -317,17 +317,9 @@ def _expected_note(n: int) -> list[str]:
             "least squares)."] if n and ektelo() is not None else []
 
 
-def summary(df: pd.DataFrame, notes: list[str], expected: pd.DataFrame | None = None) -> str:
-    """The markdown report: notes, medians over data sets, and each 1-D row's ratios to DAWA and HB."""
-    out = ["# DPBench: dpopt beside Ektelo (benchmarks/bench_dpbench.py)", "", *notes, ""]
-    if expected is not None:
-        out += ["## hierarchical beside Ektelo's HB: exact expected total squared error at eps = 1", "",
-                pipe_table(expected, list(expected.columns)), ""]
-    med = (df.groupby(["dim", "scale", "epsilon", "workload", "mechanism"])["error"].median()
-           .unstack("mechanism").reset_index())
-    out += ["## Median error over data sets (||W x - W x_hat||_2 / m / scale; mean of each row's runs)", "",
-            pipe_table(med, list(med.columns)), ""]
-    one = df[df["dim"] == 1]
+def _ratio_sections(one: pd.DataFrame, label: str) -> list[str]:
+    """Every row's ratios to the best fixed mechanism, DAWA and HB (where run), then their counts per scale."""
+    out: list[str] = []
     piv = one.pivot_table(index=["dataset", "scale", "epsilon", "workload"], columns="mechanism",
                           values="error").reset_index()
     se = one.pivot_table(index=["dataset", "scale", "epsilon", "workload"], columns="mechanism",
@@ -350,7 +342,7 @@ def summary(df: pd.DataFrame, notes: list[str], expected: pd.DataFrame | None = 
         ratios["z(dawa-opt - DAWA)"] = (piv["dawa-opt"] - piv["DAWA"]) / np.hypot(se["dawa-opt"], se["DAWA"])
     if "HB" in piv:
         ratios["hierarchical/HB"] = piv["hierarchical"] / piv["HB"]
-    out += ["## Every 1-D row: ratios (below 1: dpopt's is lower)", "", pipe_table(ratios, list(ratios.columns)), ""]
+    out += [f"## Every {label} row: ratios (below 1: dpopt's is lower)", "", pipe_table(ratios, list(ratios.columns)), ""]
     counts = []
     zs = {"dawa-opt/DAWA": "z(dawa-opt - DAWA)", "dawa-opt/best_fixed": "z(dawa-opt - best_fixed)"}
     for scale in [*sorted(ratios["scale"].unique()), "all"]:  # each scale, then every row
@@ -362,8 +354,24 @@ def summary(df: pd.DataFrame, notes: list[str], expected: pd.DataFrame | None = 
                            "above_by_2_se": int((z > 2).sum()) if z is not None else "",
                            "median": float(r.median()), "max": float(r.max())})
     if counts:
-        out += ["## Ratio summary over the 1-D rows (z: the difference of the two means in standard errors)", "",
+        out += [f"## Ratio summary over the {label} rows (z: the difference of the two means in standard errors)", "",
                 pipe_table(pd.DataFrame(counts), list(counts[0])), ""]
+    return out
+
+
+def summary(df: pd.DataFrame, notes: list[str], expected: pd.DataFrame | None = None) -> str:
+    """The markdown report: notes, medians over data sets, and each row's ratios to DAWA and HB (1-D, then 2-D)."""
+    out = ["# DPBench: dpopt beside Ektelo (benchmarks/bench_dpbench.py)", "", *notes, ""]
+    if expected is not None:
+        out += ["## hierarchical beside Ektelo's HB: exact expected total squared error at eps = 1", "",
+                pipe_table(expected, list(expected.columns)), ""]
+    med = (df.groupby(["dim", "scale", "epsilon", "workload", "mechanism"])["error"].median()
+           .unstack("mechanism").reset_index())
+    out += ["## Median error over data sets (||W x - W x_hat||_2 / m / scale; mean of each row's runs)", "",
+            pipe_table(med, list(med.columns)), ""]
+    for dim in (1, 2):
+        if (df["dim"] == dim).any():
+            out += _ratio_sections(df[df["dim"] == dim], f"{dim}-D")
     return "\n".join(out) + "\n"
 
 
@@ -374,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--samples", type=int, default=5, help="data samples per (data set, scale) (default 5)")
     ap.add_argument("--trials", type=int, default=1, help="noise trials per sample (default 1)")
     ap.add_argument("--jobs", type=int, default=2, help="worker processes, one data set each at a time (default 2)")
-    ap.add_argument("--datasets", default=None, help="comma-separated 1-D data set names (default all 18)")
+    ap.add_argument("--datasets", default=None, help="comma-separated 1-D data set names (default all 18; '' for none, e.g. with --two-d)")
     ap.add_argument("--scales", default=None, help="comma-separated scales (default 1e3,1e5,1e7)")
     ap.add_argument("--out", default="dpbench", help="file stem under benchmarks/results (default dpbench)")
     ap.add_argument("--resume", action="store_true",
@@ -391,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         names, scales, eps, merge = ["ADULTFRANK.n4096", "HEPTH.n4096", "INCOME.n4096"], [10**3, 10**5], [1.0], 8
         args.samples = min(args.samples, 2)
-    if args.datasets:
+    if args.datasets is not None:  # '' with --two-d: the 2-D sets only
         names = [s.strip() for s in args.datasets.split(",") if s.strip()]
     if args.scales:
         scales = [int(float(s)) for s in args.scales.split(",") if s.strip()]
