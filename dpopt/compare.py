@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from dpopt.bounds import L2_BOUND_MAX_CELLS, certified_l2_bound
-from dpopt.error import data_error
+from dpopt.error import data_error, data_samples
 from dpopt.mechanisms.base import MechanismError
 from dpopt.mechanisms.convergence import ConvergenceWarning
 from dpopt.mechanisms.registry import (
@@ -319,8 +319,18 @@ def _fit_row(name: str, workload: Workload, privacy: Privacy, time_limit: float 
             if note is not None:
                 rec["note"] = note
         if data is not None:
+            runs = data_samples(data.samples, mech.workload_.n).shape[0] * data.trials
+            done = [0]
+
+            def answer(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+                out = mech.answer(x, rng)
+                done[0] += 1
+                if progress is not None:  # a data-dependent mechanism chooses its strategy in every run
+                    progress.event({"stage": f"data run {done[0]} of {runs}"})
+                return out
+
             rec["data_error"], rec["data_error_se"] = data_error(
-                mech.answer, mech.workload_, data.samples, data.trials, np.random.default_rng(data.seed))
+                answer, mech.workload_, data.samples, data.trials, np.random.default_rng(data.seed))
         return rec
     except (MechanismError, StrategyError, WorkloadTooLargeError, MemoryError) as exc:
         return _skipped_row(name, workload, str(exc))

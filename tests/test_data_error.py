@@ -93,3 +93,26 @@ def test_compare_data_flag_refusals(tmp_path):
     code, _, err = _run("compare", "-w", "prefix:5", "-e", "1", "-m", "identity", "--data", f"npy:{path}",
                         "--trials", "0")
     assert code == 2 and "--trials" in err
+
+
+def test_compare_reports_each_data_run_to_its_progress():
+    # a data-dependent mechanism chooses its strategy in every run: each of the K_s x trials runs is reported
+    from dpopt.compare import DataRuns, _fit_row
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.events: list[dict] = []
+
+        def start(self, name: str) -> None: ...
+        def note(self, text: str) -> None: ...
+        def finish(self) -> None: ...
+
+        def event(self, info: dict) -> None:
+            self.events.append(info)
+
+    rec = Recorder()
+    X = np.random.default_rng(0).integers(0, 5, (3, 16)).astype(float)
+    row = _fit_row("dawa-opt", Prefix(16), Privacy(1.0), None, lambda n: 0.0, rec, data=DataRuns(X, trials=2))
+    assert np.isfinite(row["data_error"])
+    runs = [e["stage"] for e in rec.events if str(e.get("stage", "")).startswith("data run")]
+    assert runs == [f"data run {i} of 6" for i in range(1, 7)]
