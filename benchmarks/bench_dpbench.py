@@ -323,7 +323,7 @@ def _ratio_sections(one: pd.DataFrame, label: str) -> list[str]:
     piv = one.pivot_table(index=["dataset", "scale", "epsilon", "workload"], columns="mechanism",
                           values="error").reset_index()
     se = one.pivot_table(index=["dataset", "scale", "epsilon", "workload"], columns="mechanism",
-                         values="error_se").reset_index()
+                         values="error_se", dropna=False).reset_index()  # one run a row: every SE is NaN
     piv["best_fixed"] = piv[list(DPOPT_FIXED)].min(axis=1)
     best_se = se[list(DPOPT_FIXED)].to_numpy()[np.arange(len(piv)), np.argmin(piv[list(DPOPT_FIXED)].to_numpy(), 1)]
     ratios = piv[["dataset", "scale", "epsilon", "workload"]].copy()
@@ -341,6 +341,7 @@ def _ratio_sections(one: pd.DataFrame, label: str) -> list[str]:
         # beyond what the rows' sampling explains
         ratios["z(dawa-opt - DAWA)"] = (piv["dawa-opt"] - piv["DAWA"]) / np.hypot(se["dawa-opt"], se["DAWA"])
     if "HB" in piv:
+        ratios["dawa-opt/HB"] = piv["dawa-opt"] / piv["HB"]
         ratios["hierarchical/HB"] = piv["hierarchical"] / piv["HB"]
     out += [f"## Every {label} row: ratios (below 1: dpopt's is lower)", "", pipe_table(ratios, list(ratios.columns)), ""]
     counts = []
