@@ -320,10 +320,12 @@ def _expected_note(n: int) -> list[str]:
 def _ratio_sections(one: pd.DataFrame, label: str) -> list[str]:
     """Every row's ratios to the best fixed mechanism, DAWA and HB (where run), then their counts per scale."""
     out: list[str] = []
-    piv = one.pivot_table(index=["dataset", "scale", "epsilon", "workload"], columns="mechanism",
-                          values="error").reset_index()
-    se = one.pivot_table(index=["dataset", "scale", "epsilon", "workload"], columns="mechanism",
-                         values="error_se", dropna=False).reset_index()  # one run a row: every SE is NaN
+    keys = ["dataset", "scale", "epsilon", "workload"]
+    piv = one.pivot_table(index=keys, columns="mechanism", values="error")
+    # the standard errors on the same rows and columns (one run a row: every SE is NaN, and pivot_table drops them)
+    se = (one.pivot_table(index=keys, columns="mechanism", values="error_se", dropna=False)
+          .reindex(index=piv.index, columns=piv.columns).reset_index())
+    piv = piv.reset_index()
     piv["best_fixed"] = piv[list(DPOPT_FIXED)].min(axis=1)
     best_se = se[list(DPOPT_FIXED)].to_numpy()[np.arange(len(piv)), np.argmin(piv[list(DPOPT_FIXED)].to_numpy(), 1)]
     ratios = piv[["dataset", "scale", "epsilon", "workload"]].copy()
