@@ -328,7 +328,7 @@ def _ratio_sections(one: pd.DataFrame, label: str) -> list[str]:
     piv = piv.reset_index()
     piv["best_fixed"] = piv[list(DPOPT_FIXED)].min(axis=1)
     best_se = se[list(DPOPT_FIXED)].to_numpy()[np.arange(len(piv)), np.argmin(piv[list(DPOPT_FIXED)].to_numpy(), 1)]
-    ratios = piv[["dataset", "scale", "epsilon", "workload"]].copy()
+    ratios = piv[keys].copy()
     for col in ("dawa-opt", "dawa-opt:auto", "dawa-opt:nnls"):
         ratios[f"{col}/best_fixed"] = piv[col] / piv["best_fixed"]
     ratios["z(dawa-opt - best_fixed)"] = (piv["dawa-opt"] - piv["best_fixed"]) / np.hypot(se["dawa-opt"], best_se)

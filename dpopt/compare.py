@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from dpopt.bounds import L2_BOUND_MAX_CELLS, certified_l2_bound
-from dpopt.error import data_error, data_samples
+from dpopt.error import data_error
 from dpopt.mechanisms.base import MechanismError
 from dpopt.mechanisms.convergence import ConvergenceWarning
 from dpopt.mechanisms.registry import (
@@ -319,7 +319,7 @@ def _fit_row(name: str, workload: Workload, privacy: Privacy, time_limit: float 
             if note is not None:
                 rec["note"] = note
         if data is not None:
-            runs = data_samples(data.samples, mech.workload_.n).shape[0] * data.trials
+            runs = (len(data.samples) if np.ndim(data.samples) == 2 else 1) * data.trials  # data_error checks X
             done = [0]
 
             def answer(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
