@@ -345,7 +345,8 @@ def _ratio_sections(one: pd.DataFrame, label: str) -> list[str]:
     if "HB" in piv:
         ratios["dawa-opt/HB"] = piv["dawa-opt"] / piv["HB"]
         ratios["hierarchical/HB"] = piv["hierarchical"] / piv["HB"]
-    out += [f"## Every {label} row: ratios (below 1: dpopt's is lower)", "", pipe_table(ratios, list(ratios.columns)), ""]
+    out += [f"## Every {label} row: ratios (below 1: dpopt's is lower)", "",
+            pipe_table(ratios, list(ratios.columns)), ""]
     counts = []
     zs = {"dawa-opt/DAWA": "z(dawa-opt - DAWA)", "dawa-opt/best_fixed": "z(dawa-opt - best_fixed)"}
     for scale in [*sorted(ratios["scale"].unique()), "all"]:  # each scale, then every row
@@ -385,7 +386,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--samples", type=int, default=5, help="data samples per (data set, scale) (default 5)")
     ap.add_argument("--trials", type=int, default=1, help="noise trials per sample (default 1)")
     ap.add_argument("--jobs", type=int, default=2, help="worker processes, one data set each at a time (default 2)")
-    ap.add_argument("--datasets", default=None, help="comma-separated 1-D data set names (default all 18; '' for none, e.g. with --two-d)")
+    ap.add_argument("--datasets", default=None,
+                    help="comma-separated 1-D data set names (default all 18; '' for none, e.g. with --two-d)")
     ap.add_argument("--scales", default=None, help="comma-separated scales (default 1e3,1e5,1e7)")
     ap.add_argument("--out", default="dpbench", help="file stem under benchmarks/results (default dpbench)")
     ap.add_argument("--resume", action="store_true",
@@ -461,7 +463,8 @@ def main(argv: list[str] | None = None) -> int:
         "is not covered by it), over buckets of every length up to n / 4 to within 1/R with ends on a grid of 1/R "
         "of their length (`dpopt.partition.candidate_family`; DAWA's exact partition takes every interval); its "
         "second stage is hdmm (eps-DP's Laplace-error optimum) on the buckets up to 256 buckets, its "
-        "p-Identity of size 16 (OPT_0 only) up to 2048, else the best of identity, hierarchical and wavelet. Its policy (`dpopt.mechanisms.data_aware`) spends 2% of "
+        "p-Identity of size 16 (OPT_0 only) up to 2048, else the best of identity, hierarchical and wavelet. "
+        "Its policy (`dpopt.mechanisms.data_aware`) spends 2% of "
         "eps on the noisy total and count changes: R = 4 where N eps / n < 1 (every 1,000-record row), else 16; "
         "at N eps / n >= 100 the partition is skipped when it would keep too many buckets to pay for its budget "
         "(the hierarchy model, then the second stage's exact error on that many equal buckets; column "

@@ -88,7 +88,8 @@ OUTPUTS: tuple[Output, ...] = (
     _bench("stream_families", ("stream_families.md", "stream_families.csv"), 1.0),
     # Ektelo's columns need an interpreter that imports it (DPOPT_BENCH_PYTHON) and DPOPT_EKTELO_PATH: see
     # benchmarks/dpbench_notes.md; without them the table is regenerated without those columns and says so
-    _bench("dpbench", ("dpbench.md", "dpbench.csv"), 12.0, "--jobs", "2", "--two-d", python_var="DPOPT_BENCH_PYTHON"),
+    _bench("dpbench", ("dpbench.md", "dpbench.csv"), 12.0, "--jobs", "2", "--two-d",
+           python_var="DPOPT_BENCH_PYTHON"),
     # the solver targets at two BLAS threads, then the CPU rows at one thread into the same table (--append)
     _bench("streaming_optimal", ("streaming_optimal.md", "streaming_optimal.csv"), 6.0,
            "--rows", "targets", "--threads", "2", "--repeats", "3", "--budget", "3600"),

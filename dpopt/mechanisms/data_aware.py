@@ -105,10 +105,11 @@ MAX_OPTIMAL_BUCKETS = 512
 MAX_HDMM_BUCKETS = 256
 # Beyond it, up to MAX_LARGE_HDMM_BUCKETS, hdmm's p-Identity with p = LARGE_HDMM_P (HDMM's own p at 256 cells) and
 # OPT_0 only (no further rounds): on Prefix(k)'s Gram its unit error is 0.63 / 0.62 / 0.63 of the best baseline's
-# (Qardaji's hierarchy) at k = 512 / 1024 / 2048, in 1.3 / 3.1 / 11.6 CPU s (one thread). The baselines on the
-# buckets are far from it when the buckets differ in length: prefix sums of GrossCompenMDSalary2_filtered at 10^7
-# records, eps 1, over 823 buckets: unit error 1.15e5 against 4.85e5 for the best hierarchy, which there was
-# above the hierarchy over all 4096 cells (at the stage's eps), so dawa-opt trailed the best fixed mechanism.
+# (Qardaji's hierarchy) at k = 512 / 1024 / 2048, in 1.3 / 3.1 / 11.6 CPU s (single runs, one thread). The
+# baselines on the buckets are far from it when the buckets differ in length: prefix sums of
+# GrossCompenMDSalary2_filtered at 10^7 records, eps 1, over 823 buckets: unit error 1.15e5 against 4.85e5 for the
+# best hierarchy, which there was above the hierarchy over all 4096 cells (at the stage's eps), so dawa-opt trailed
+# the best fixed mechanism.
 MAX_LARGE_HDMM_BUCKETS = 2048
 LARGE_HDMM_P = 16
 # The partition's longest candidate bucket, as a fraction of the domain. DAWA's cost dev(B) is the bias of B's single
