@@ -1142,6 +1142,32 @@ def all_range_nd(sizes: Sequence[int]) -> Kron:
     return Kron([AllRange(s) for s in sizes], name="allrange(" + ",".join(str(s) for s in sizes) + ")")
 
 
+def boxes(sizes: Sequence[int], lows: Sequence[np.ndarray], highs: Sequence[np.ndarray],
+          name: str | None = None) -> Stack:
+    """Box (orthogonal range) queries over the product domain n_1 x ... x n_d: query q sums the cells whose
+    attribute j lies in lows[j][q]..highs[j][q] inclusive (DPBench's rectangles for d = 2), held as the union of
+    the one-row Kronecker products (x)_j range_j(q), so a Kronecker strategy's errors and answers go through its
+    factors (cells in row-major order, as `Kron`)."""
+    sizes = [check_positive_int(s, "domain size") for s in sizes]
+    if len(lows) != len(sizes) or len(highs) != len(sizes):
+        raise ValueError(f"lows and highs must give one array per attribute ({len(sizes)}), got {len(lows)} and "
+                         f"{len(highs)}")
+    lo = [np.asarray(a) for a in lows]
+    hi = [np.asarray(b) for b in highs]
+    m = {a.shape for a in lo + hi}
+    if len(m) != 1 or len(next(iter(m))) != 1 or next(iter(m))[0] == 0:
+        raise ValueError(f"lows and highs must be 1-D arrays of one common positive length, got shapes {sorted(m)}")
+    for j, (n, a, b) in enumerate(zip(sizes, lo, hi, strict=True)):
+        if not (np.issubdtype(a.dtype, np.integer) and np.issubdtype(b.dtype, np.integer)):
+            raise ValueError(f"attribute {j}: box ends must be integers, got {a.dtype} and {b.dtype}")
+        if np.any(a < 0) or np.any(b >= n) or np.any(a > b):
+            raise ValueError(f"attribute {j}: every box needs 0 <= low <= high < {n}")
+    rows = [range_rows(n, a, b) for n, a, b in zip(sizes, lo, hi, strict=True)]
+    parts = [Kron([ExplicitWorkload(R[q], name=f"range {lo[j][q]}..{hi[j][q]}") for j, R in enumerate(rows)])
+             for q in range(len(lo[0]))]
+    return Stack(parts, name=name or f"{len(parts)} boxes over {'x'.join(map(str, sizes))}")
+
+
 def kron_form(workload: Workload | np.ndarray) -> Workload:
     """The workload in a Kronecker-term form with factors: itself when it is a Kronecker product, a union of
     them or marginals; any other workload as a one-factor Kronecker product."""

@@ -426,6 +426,81 @@ def test_second_stage_refuses_more_buckets_than_it_decomposes(monkeypatch):
     assert mech.stage(np.arange(0, 65, 8)).strategy_.shape[1] == 8
 
 
+def test_too_many_buckets_fall_back_to_the_cells_at_the_stage_budget(monkeypatch):
+    # a partition that keeps more buckets than the stage decomposes is not a failure: the second stage is the
+    # stage on all cells at the same (1 - ratio) eps, so the ledger still sees statistics, partition and stage
+    # summing to the budget, and every query is answered from a measurement of x itself
+    import dpopt.mechanisms.data_aware as data_aware
+
+    monkeypatch.setattr(data_aware, "MAX_STAGE_BUCKETS", 8)
+    # 16 steps of 1,000 records a cell: the partition's noisy costs (Laplace scales of a few records) keep the
+    # steps apart, and with C = 15 changes the policy's model says the partition pays (it runs)
+    x = np.repeat(np.arange(16) * 1000.0, 4)
+    mech = _fitted()
+    stage, why = mech.cells_stage(np.arange(0, 65, 4))
+    assert "16 buckets" in why and stage is mech.dense_stage(mech.stage_privacy_)
+    assert stage.privacy_.epsilon == pytest.approx(0.75, rel=1e-12) and stage.workload_ is mech.workload_
+    eight, why8 = mech.cells_stage(np.arange(0, 65, 8))  # 1-D, within the limit: the stage on the 8 buckets
+    assert why8 == "" and eight.strategy_.shape[1] == 8
+    ledger = PrivacyLedger(1.0)
+    out = mech.release(x, ledger, label="t")
+    stats, part, second = ledger.history
+    assert "private partition" in part.label and "second stage on all 64 cells" in second.label
+    assert stats.epsilon + part.epsilon + second.epsilon == pytest.approx(1.0, rel=1e-12)
+    assert out.attrs["charges"] == 3 and out.attrs["partition_skipped"] is False and out.attrs["cells_stage"]
+    assert len(out) == 64 and len(out.attrs["partition_edges"]) - 1 > 8  # the partition's own edges are reported
+    # research mode takes the same path, and its answers are unbiased: the mean of 200 runs lies within 4
+    # standard errors of W x in every query (the error is the stage's Laplace noise only)
+    runs = np.array([mech.answer(x, np.random.default_rng(i)) for i in range(200)])
+    assert mech.answer_variants(x, np.random.default_rng(0))["cells_stage"]
+    truth = Prefix(64).matvec(x)
+    se = runs.std(axis=0, ddof=1) / math.sqrt(len(runs))
+    assert np.all(np.abs(runs.mean(axis=0) - truth) <= 4 * se + 1e-9)
+
+
+def test_two_d_stage_on_cells_when_its_error_is_lower():
+    # on a 2-D grid the partition always runs; the second stage is then the one of least expected error at the
+    # stage's eps: 64 one-cell buckets of 8 x 8 prefix rectangles (p-Identity on them) against the least-error
+    # baseline on all cells, and four quadrant buckets against it. Each choice is the smaller of the two exact
+    # errors (a tie goes to the cells, which carry no bias)
+    from dpopt.workloads import Kron
+
+    mech = make_mechanism("dawa-opt").fit(Kron([Prefix(8), Prefix(8)]), Privacy(1.0))
+    cells = mech.dense_stage(mech.stage_privacy_)
+    assert cells.privacy_.epsilon == pytest.approx(0.75, rel=1e-12) and cells.workload_ is mech.workload_
+    for edges in (np.arange(65), np.array([0, 16, 32, 48, 64])):
+        bucket = mech.stage(edges)
+        chosen, why = mech.cells_stage(edges)
+        e_cells, e_buckets = cells.inner.expected_error_.total, bucket.inner.expected_error_.total
+        assert (chosen is cells) == (e_cells <= e_buckets) and bool(why) == (chosen is cells)
+    # four buckets answer prefix rectangles with far fewer noisy counts than 64 cells: kept as buckets
+    assert mech.cells_stage(np.array([0, 16, 32, 48, 64]))[1] == ""
+
+
+def test_auto_inference_on_a_factored_stage_is_least_squares(monkeypatch):
+    # the rule's NNLS reads the strategy's matrix; a stage held through Kronecker factors (hierarchies over a
+    # 256 x 256 grid) answers by least squares under "auto" (and says so) and refuses only inference="nnls"
+    import dpopt.mechanisms.data_aware as data_aware
+    from dpopt.mechanisms.base import MechanismError
+    from dpopt.workloads import boxes
+
+    monkeypatch.setattr(data_aware, "BASELINE_STAGES", ("hierarchical",))
+    W = boxes((256, 256), (np.array([0, 10, 37]), np.array([0, 5, 90])), (np.array([100, 255, 37]),
+                                                                          np.array([200, 255, 91])))
+    x = np.zeros(W.n)
+    for inference in ("auto", "both"):
+        mech = make_mechanism("dawa-opt", inference=inference).fit(W, Privacy(1.0))
+        stage = mech.dense_stage(mech.stage_privacy_)
+        assert stage.strategy_.factored
+        y = stage.strategy_.measured(x) - 1.0  # every estimate negative: the rule would pick NNLS
+        out = stage.estimates(y)
+        assert stage.answer_info_["inference"] == "ls" and np.array_equal(out["auto"], out["ls"])
+    mech = make_mechanism("dawa-opt", inference="nnls").fit(W, Privacy(1.0))
+    stage = mech.dense_stage(mech.stage_privacy_)
+    with pytest.raises(MechanismError, match="held through its factors"):
+        stage.estimates(stage.strategy_.measured(x))
+
+
 def test_a_large_second_stage_is_p_identity_below_the_baselines():
     # 301 buckets of unequal lengths (300 within the first 700 cells, one of 324): above MAX_HDMM_BUCKETS the
     # eps-DP stage is hdmm's p-Identity (p = LARGE_HDMM_P, OPT_0 only), not the baselines on the buckets, and its

@@ -45,9 +45,16 @@ budgets are chosen from the statistics' noisy output only and always sum to (eps
 ledger once per step, each before any of its noise is drawn: statistics, partition, second stage (two charges
 when the partition is skipped, two with adaptive=False).
 
-2-D data (a product of two workloads, or grid=(n1, n2)): the cells are taken in Hilbert-curve order
-(`dpopt.partition.hilbert_order`, DAWA's Sec. 3.3), so the partition's intervals are compact regions; W P then
-reads W's columns in that order.
+2-D data (a product of two workloads or a union of them such as `dpopt.workloads.boxes`, or grid=(n1, n2)): the
+cells are taken in Hilbert-curve order (`dpopt.partition.hilbert_order`, DAWA's Sec. 3.3), so the partition's
+intervals are compact regions; W P then reads W's columns in that order.
+
+After the partition (`cells_stage`, post-processing of its edges): when it kept more buckets than the second stage
+decomposes (MAX_STAGE_BUCKETS; 10,600 of 65,536 cells on BeijingTaxiE at 10^7 records, eps 1), and on a 2-D grid
+whenever its expected error is at most the bucket stage's, the second stage is the stage on all cells at the
+same budget (1 - ratio) eps (`dense_stage`; on a grid, Qardaji's hierarchy on each axis and the other baselines,
+through their Kronecker factors). The partition's budget is then spent without use, but the release is made and
+its expected squared error is no larger than the bucket stage's, whose bias comes on top of its noise.
 
 Error: the mechanism has no data-independent expected error. Its record leaves expected_total_error, rmse
 and bound null and says why; compare's data_error (`dpopt compare --data`) is the number it is judged by.
@@ -90,7 +97,7 @@ from dpopt.privacy import Perturb, Privacy, research_perturb
 from dpopt.solvers.nnls import solve_nnls
 from dpopt.strategy import StrategyError
 from dpopt.validation import check_choice, check_finite_vector
-from dpopt.workloads import MAX_DENSE_ENTRIES, ExplicitWorkload, Kron, Workload, as_workload
+from dpopt.workloads import MAX_DENSE_ENTRIES, ExplicitWorkload, Workload, as_workload
 
 # The partition's cost: DAWA's mean deviation, or the median deviation (half its sensitivity; module docstring).
 DEFAULT_DEVIATION = "mean"
@@ -192,11 +199,11 @@ class ReducedStage:
             self.answer_info_ = {"inference": "ls"}
             return out
         rule = use_nnls(x_ls, self.negative_fraction)
-        if (self.inference == "nnls" or rule) and s.factored:
+        if self.inference == "nnls" and s.factored:
             r, n = s.shape
             raise MechanismError(f"{self.short_name}: NNLS inference reads the strategy's matrix, and {s.name} "
-                                 f"({r} x {n}) is held through its factors; use inference='ls'")
-        if s.factored:  # "both" (the benchmark's): no NNLS estimate beside least squares
+                                 f"({r} x {n}) is held through its factors; use inference='ls' or 'auto'")
+        if s.factored:  # "auto" and "both": least squares, with no NNLS estimate beside it
             self.answer_info_ = {"inference": "ls", "negative_fraction": float(np.mean(x_ls < 0)),
                                  "nnls": "not computed: the strategy is held through its factors"}
         elif self.inference == "nnls" or rule or self.inference == "both":
@@ -273,11 +280,12 @@ class DataAwareMechanism(Mechanism):
         if not isinstance(privacy, Privacy):
             raise MechanismError(f"{self.short_name}: privacy must be a dpopt.privacy.Privacy")
         shape = self.grid
-        if isinstance(given, Kron) and len(given.factors) > 1:
-            if len(given.factors) > 2:
+        sizes = tuple(given.domain_sizes)
+        if len(sizes) > 1:  # a product, or a union of products (e.g. rectangles, `dpopt.workloads.boxes`)
+            if len(sizes) > 2:
                 raise MechanismError(f"{self.short_name}: the interval partition orders 1-D and 2-D domains; "
-                                     f"{given.name} is a product of {len(given.factors)} factors")
-            kron_shape = (given.factors[0].n, given.factors[1].n)
+                                     f"{given.name} is over {len(sizes)} attributes {sizes}")
+            kron_shape = (int(sizes[0]), int(sizes[1]))
             if shape is not None and shape != kron_shape:
                 raise MechanismError(f"{self.short_name}: grid={shape} but the workload is over {kron_shape}")
             shape = kron_shape
@@ -306,7 +314,7 @@ class DataAwareMechanism(Mechanism):
         self._W = given.sparse()  # W P is formed once per partition, from W's stored rows (columns in order_)
         if self.order_ is not None:
             self._W = sp.csr_matrix(self._W[:, self.order_])
-        self._dense_stage: ReducedStage | None = None
+        self._dense_stages: dict[tuple[float, float], ReducedStage] = {}
         self._uniform_stage_errors: dict[int, float] = {}
         self.policy_: dict[str, Any] = {}
         self.strategy_ = None  # chosen for each data set (see answer and release)
@@ -431,16 +439,41 @@ class DataAwareMechanism(Mechanism):
         assert best is not None
         return best
 
-    def dense_stage(self) -> ReducedStage:
-        """The second stage when the policy skips the partition, at dense_privacy_ on the whole workload
-        (data-independent: fitted once): on a 1-D domain the stage's own choice for n cells (`_stage_choice`), on
-        a 2-D grid the least-error baseline (identity, Qardaji's hierarchy, wavelet), which stays factored."""
-        if self._dense_stage is None:
+    def dense_stage(self, privacy: Privacy | None = None) -> ReducedStage:
+        """The second stage on all n cells of the whole workload at `privacy` (dense_privacy_ when the policy skips
+        the partition; stage_privacy_ for `cells_stage`), data-independent and fitted once per budget: on a 1-D
+        domain the stage's own choice for n cells (`_stage_choice`), on a 2-D grid the least-error baseline
+        (identity, Qardaji's hierarchy, wavelet), held through its Kronecker factors when the workload is a
+        product or a union of products over the grid."""
+        privacy = self.dense_privacy_ if privacy is None else privacy
+        key = (privacy.epsilon, privacy.delta)
+        if key not in self._dense_stages:
             n = self.workload_.n
-            choice = self._stage_choice(n, self.dense_privacy_) if self.order_ is None else (BASELINE_STAGES, {})
-            best = self._least_error(*choice, self.workload_, self.dense_privacy_, f"{n} cells")
-            self._dense_stage = ReducedStage(best, self.workload_, self.inference, self.negative_fraction)
-        return self._dense_stage
+            choice = self._stage_choice(n, privacy) if self.order_ is None else (BASELINE_STAGES, {})
+            best = self._least_error(*choice, self.workload_, privacy, f"{n} cells")
+            self._dense_stages[key] = ReducedStage(best, self.workload_, self.inference, self.negative_fraction)
+        return self._dense_stages[key]
+
+    def cells_stage(self, edges: np.ndarray) -> tuple[ReducedStage, str]:
+        """The second stage after a partition with these edges, and why: the stage on the buckets (`stage`), or
+        the stage on all cells at the same privacy (`dense_stage(stage_privacy_)`, the partition's output left
+        unused) when the partition kept more than MAX_STAGE_BUCKETS buckets or, on a 2-D grid (where the policy's
+        dense test does not apply), when that stage's expected error is at most the bucket stage's. The choice
+        reads the partition's edges only (post-processing). It never raises the expected squared error: the
+        bucket stage's is its noise error plus the squared bias of the uniform spread, the cells' stage has no
+        bias."""
+        k = len(edges) - 1
+        if k > MAX_STAGE_BUCKETS:
+            return self.dense_stage(self.stage_privacy_), (f"the partition kept {k} buckets, more than the "
+                                                           f"{MAX_STAGE_BUCKETS} the bucket stage decomposes")
+        bucket = self.stage(edges)
+        if self.order_ is not None:
+            cells = self.dense_stage(self.stage_privacy_)
+            e_cells, e_buckets = cells.inner.expected_error_.total, bucket.inner.expected_error_.total
+            if e_cells <= e_buckets:
+                return cells, (f"expected error on all cells {e_cells:.4g} <= {e_buckets:.4g} on the {k} buckets "
+                               "(noise only)")
+        return bucket, ""
 
     def _run(self, x: np.ndarray, partition_noise: Perturb, stats_noise: Perturb | None = None,
              before_partition: Any = None) -> tuple[np.ndarray, np.ndarray, ReducedStage]:
@@ -462,8 +495,10 @@ class DataAwareMechanism(Mechanism):
             if before_partition is not None:
                 before_partition()
             edges = self.partition(x, partition_noise, self.policy_["resolution"])
-            stage = self.stage(edges)
-            xb = bucket_sums(self.ordered(x), edges)
+            stage, why = self.cells_stage(edges)
+            self.policy_["cells_stage"] = why
+            xb = (np.asarray(x, dtype=float).ravel() if why  # the cells' stage measures x in the workload's order
+                  else bucket_sums(self.ordered(x), edges))
         self.partition_ = edges
         self.stage_ = stage
         self.strategy_ = stage.strategy_
@@ -484,6 +519,7 @@ class DataAwareMechanism(Mechanism):
         out: dict[str, Any] = dict(stage.estimates(np.asarray(y, dtype=float)))
         out["buckets"] = int(len(self.partition_) - 1)
         out["dense"] = bool(self.policy_["dense"])
+        out["cells_stage"] = bool(self.policy_.get("cells_stage"))
         out["resolution"] = int(self.policy_["resolution"])
         out["negative_fraction"] = stage.answer_info_.get("negative_fraction")
         out["stage"] = s.name
@@ -562,13 +598,18 @@ class DataAwareMechanism(Mechanism):
         _, xb, stage = self._run(x, measured_by(plans, "partition"), stats_noise, before_partition=charge_partition)
         if labels is None:
             labels = self.workload_.row_labels()
-        what = (f"second stage on all {len(xb)} cells (partition skipped: dense data)" if self.policy_["dense"]
-                else f"second stage on {len(xb)} buckets")
+        if self.policy_["dense"]:
+            what = f"second stage on all {len(xb)} cells (partition skipped: dense data)"
+        elif self.policy_.get("cells_stage"):
+            what = f"second stage on all {len(xb)} cells ({self.policy_['cells_stage']})"
+        else:
+            what = f"second stage on {len(xb)} buckets"
         out = release(stage, xb, ledger, labels=labels, label=f"{name}: {what}")
         out["mechanism"] = self.short_name
         charges = 1 + (stats_plan is not None) + (not self.policy_["dense"])
         out.attrs.update({"charges": charges, "partition_edges": self.partition_.tolist(),
                           "partition_skipped": bool(self.policy_["dense"]),
+                          "cells_stage": self.policy_.get("cells_stage", ""),
                           "resolution": int(self.policy_["resolution"]),
                           "inference": stage.answer_info_.get("inference", "ls"),
                           "std_note": "std is the second stage's noise only; the uniform spread within a bucket "
