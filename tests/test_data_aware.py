@@ -527,14 +527,28 @@ def test_a_large_second_stage_is_p_identity_below_the_baselines():
     assert stage.inner.expected_error_.total < 0.9 * old.expected_error_.total
 
 
-def test_a_two_d_grid_never_skips_its_partition():
-    # the dense test's model is 1-D's hierarchy: at any signal a 2-D grid is partitioned
+def test_a_two_d_grid_skips_its_partition_only_where_no_stage_could_match():
+    # the dense test's model is 1-D's hierarchy; on a 2-D grid the stage on k equal buckets enters through
+    # P(eps2) SVDB(W P), a lower bound on every stage's error on them, against the dense stage's exact error
     from dpopt.workloads import Kron
 
-    mech = make_mechanism("dawa-opt").fit(Kron([Prefix(8), Prefix(8)]), Privacy(100.0))
-    assert not mech.policy(np.array([1e9, 63.0]))["dense"]
+    # ratio 0.9: the stage on buckets has eps2 = 10 against 98 for the dense stage, so the decision turns between
+    # 4 and 256 buckets (at ratio 0.25 the bound stays below the dense error up to k = n, and only k >= n skips)
+    mech = make_mechanism("dawa-opt", ratio=0.9).fit(Kron([Prefix(16), Prefix(16)]), Privacy(100.0))
+    b = SIGNAL_STATISTICS_SENSITIVITY / (STATS_SHARE * 100.0)
+    dense = mech.dense_stage().inner.expected_error_.total
+    decisions = []
+    for k in (4, 16, 64, 128):
+        edges = np.linspace(0, 256, k + 1).astype(np.int64)
+        # a lower bound: never above the stage's exact error on the same buckets (round-off only lowers it)
+        assert mech.stage_lower_bound(edges) <= mech.stage(edges).inner.expected_error_.total
+        # the decision is that comparison (k a power of two is its own rounding)
+        decisions.append(mech.policy(np.array([1e9, k - 1 + DENSE_MARGIN * b]))["dense"])
+        assert decisions[-1] == (mech._uniform_stage_errors[k] >= dense)
+    assert decisions[0] is False and decisions[-1] is True  # four buckets: partitioned; 128: skipped
+    assert make_mechanism("dawa-opt").fit(Kron([Prefix(16), Prefix(16)]), Privacy(100.0)).policy(
+        np.array([1e9, 255 + DENSE_MARGIN * b]))["dense"]  # every cell its own bucket: skipped
     assert make_mechanism("dawa-opt").fit(Prefix(64), Privacy(100.0)).policy(np.array([1e9, 63.0]))["dense"]
-
 
 
 def test_reduced_factor_reproduces_the_gram_and_its_bound():

@@ -35,8 +35,10 @@ than the bucket cost c (`dpopt.partition.signal_statistics`, L1 sensitivity 3), 
   DENSE_MARGIN Laplace scales of the noisy C (`dense`), the whole rest of the budget goes to the second stage's
   own choice on all n cells (`dense_stage`: at 4096 cells the best baseline, as p-Identity of size 16 only ties
   with Qardaji's hierarchy there). With STATS_SHARE = 0.02 that scale is 150 / eps cells, so on
-  4096 cells the test can skip at eps 1 and almost never at eps 0.1. The model is 1-D's: on a 2-D grid the
-  partition always runs.
+  4096 cells the test can skip at eps 1 and almost never at eps 0.1. The model is 1-D's: on a 2-D grid (cells in
+  Hilbert-curve order) it is left out, and the stage on k equal buckets enters through a lower bound on every
+  stage's error, P(eps2) SVDB(W P) (`stage_lower_bound`; its exact error would cost k^3 for up to 8,192
+  buckets), so a grid skips its partition only where no stage on that many buckets could match the dense one.
 Privacy: the statistics are (STATS_SHARE eps)-DP, the partition ((ratio - STATS_SHARE) eps)-DP (see
 `dpopt.partition`), the second stage ((1 - ratio) eps, delta)-DP on x_bar (each record lies in one bucket, so the
 reduction has sensitivity 1), or ((1 - STATS_SHARE) eps, delta)-DP on x when the partition is skipped; the
@@ -75,6 +77,7 @@ import scipy.sparse as sp
 from dpopt.bounds import (
     EPS,
     eigenvalue_singular_value_lower_bounds,
+    gram_singular_value_lower_bounds,
     svdb_from_singular_value_bounds,
 )
 from dpopt.hdmm import laplace_factor
@@ -348,9 +351,7 @@ class DataAwareMechanism(Mechanism):
         # skip only when C is above the threshold by DENSE_MARGIN of its Laplace scale b: a data set that needs its
         # partition is skipped with probability below exp(-DENSE_MARGIN) / 2 (where b is large, it never is)
         b = SIGNAL_STATISTICS_SENSITIVITY / self.stats_privacy_.epsilon if self.stats_privacy_ is not None else 0.0
-        # the model is 1-D's: on a 2-D grid the partition always runs
-        dense = (self.order_ is None and signal >= HIGH_SIGNAL
-                 and self.partition_cannot_pay(1.0 + changes - DENSE_MARGIN * b))
+        dense = signal >= HIGH_SIGNAL and self.partition_cannot_pay(1.0 + changes - DENSE_MARGIN * b)
         return {"signal": signal, "resolution": LOW_SIGNAL_RESOLUTION if signal < LOW_SIGNAL else RESOLUTION,
                 "dense": bool(dense), "total_hat": total, "changes_hat": changes}
 
@@ -361,7 +362,8 @@ class DataAwareMechanism(Mechanism):
         stage's eps, against the dense stage on all cells at its eps. Both are data-independent (cached per
         number of buckets); the partition's bias is left out (at high signal it is small against the noise)."""
         n = self.workload_.n
-        if not dense_for_partition(buckets, n, 1.0 - self.ratio):
+        two_d = self.order_ is not None
+        if not two_d and not dense_for_partition(buckets, n, 1.0 - self.ratio):
             return False
         if buckets >= n:
             return True
@@ -370,8 +372,21 @@ class DataAwareMechanism(Mechanism):
             return True  # the second stage could not take that many buckets
         if k not in self._uniform_stage_errors:
             edges = np.unique(np.round(np.linspace(0.0, n, k + 1)).astype(np.int64))
-            self._uniform_stage_errors[k] = float(self.stage(edges).inner.expected_error_.total)
+            self._uniform_stage_errors[k] = (self.stage_lower_bound(edges) if two_d
+                                             else float(self.stage(edges).inner.expected_error_.total))
         return self._uniform_stage_errors[k] >= float(self.dense_stage().inner.expected_error_.total)
+
+    def stage_lower_bound(self, edges: np.ndarray) -> float:
+        """A lower bound on the expected total squared error of every second stage on these buckets at the stage's
+        privacy: P(eps2, delta) SVDB(W P) (seed 004 Prop. 4.3, singular values lowered by their round-off bounds;
+        under eps-DP too, since sens1(A) >= sens2(A)). It reads the smaller Gram of W P (m x m or k x k), so it
+        costs min(m, k)^3, where the stage's exact error costs k^3 (the 2-D dense test)."""
+        WP = sp.csr_matrix(self._W @ expansion(edges, self.workload_.n))
+        m, k = WP.shape
+        G = (WP @ WP.T) if m <= k else (WP.T @ WP)
+        G = G.toarray() if sp.issparse(G) else np.asarray(G)
+        svdb = svdb_from_singular_value_bounds(gram_singular_value_lower_bounds(G), k, term_rel_err=EPS)
+        return float(self.stage_privacy_.variance_factor * svdb)
 
     def ordered(self, x: np.ndarray) -> np.ndarray:
         """x's cells in the partition's order (the Hilbert curve on a 2-D grid, else as given)."""
