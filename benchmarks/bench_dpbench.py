@@ -460,10 +460,11 @@ def main(argv: list[str] | None = None) -> int:
         "eps on the noisy total and count changes: R = 4 where N eps / n < 1 (every 1,000-record row), else 16; "
         "at N eps / n >= 100 the partition is skipped when it would keep too many buckets to pay for its budget "
         "(the hierarchy model, then the second stage's exact error on that many equal buckets; column "
-        "partition_skipped: the fraction of runs). On a 2-D grid the partition always runs, and the second stage "
-        "is the best of identity, hierarchical and wavelet on all cells at the stage's eps when its expected "
-        "error is at most the bucket stage's, or when the partition kept more than 8192 buckets (column "
-        "cells_stage: the fraction of runs; dawa-opt rows measured before it have no value there).",
+        "partition_skipped: the fraction of runs). On a 2-D grid the model is left out and the stage's SVD lower "
+        "bound on that many equal buckets stands for its exact error; after a partition the second stage is the "
+        "best of identity, hierarchical and wavelet on all cells at the stage's eps when its expected error is "
+        "at most the bucket stage's, or when the partition kept more than 8192 buckets (column cells_stage: the "
+        "fraction of runs; dawa-opt rows measured before it have no value there).",
         *_expected_note(n_cells),
         "Not run here: mm-optimal and hdmm on the 4096-cell domain (minutes per fit under eps-DP), and Ektelo's "
         "DAWA on 2-D data (its exact partition of 65,536 cells is quadratic); dawa-opt partitions 2-D data in "

@@ -360,7 +360,8 @@ class DataAwareMechanism(Mechanism):
         (`dpopt.partition.dense_for_partition`) first; where it says skip, the exact expected errors decide: the
         second stage (`stage`) on equal buckets, their number `buckets` rounded up to a power of 2^(1/4), at the
         stage's eps, against the dense stage on all cells at its eps. Both are data-independent (cached per
-        number of buckets); the partition's bias is left out (at high signal it is small against the noise)."""
+        number of buckets); the partition's bias is left out (at high signal it is small against the noise). On a
+        2-D grid the model is left out and `stage_lower_bound` stands for the stage's exact error."""
         n = self.workload_.n
         two_d = self.order_ is not None
         if not two_d and not dense_for_partition(buckets, n, 1.0 - self.ratio):
