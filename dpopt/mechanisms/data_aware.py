@@ -475,9 +475,9 @@ class DataAwareMechanism(Mechanism):
         the stage on all cells at the same privacy (`dense_stage(stage_privacy_)`, the partition's output left
         unused) when the partition kept more than MAX_STAGE_BUCKETS buckets or, on a 2-D grid (where the policy's
         dense test does not apply), when that stage's expected error is at most the bucket stage's. The choice
-        reads the partition's edges only (post-processing). It never raises the expected squared error: the
-        bucket stage's is its noise error plus the squared bias of the uniform spread, the cells' stage has no
-        bias."""
+        reads the partition's edges only (post-processing). Where it compares, taking the cells never raises the
+        expected squared error: the bucket stage's is its noise error plus the squared bias of the uniform spread,
+        the cells' stage has no bias."""
         k = len(edges) - 1
         if k > MAX_STAGE_BUCKETS:
             return self.dense_stage(self.stage_privacy_), (f"the partition kept {k} buckets, more than the "
