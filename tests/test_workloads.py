@@ -197,6 +197,7 @@ def test_boxes_are_the_explicit_box_rows_and_keep_the_kronecker_form():
     rows = np.array([np.kron(ind(n1, lo[0][q], hi[0][q]), ind(n2, lo[1][q], hi[1][q])) for q in range(m)])
     assert np.array_equal(W.sparse().toarray(), rows)
     x = rng.normal(size=n1 * n2)
+    # each answer sums at most 30 terms: round-off below 30 eps sum|x_i| per query, far inside 1e-12 of that sum
     np.testing.assert_allclose(W.matvec(x), rows @ x, rtol=0, atol=1e-12 * np.abs(rows).sum(1).max() * np.abs(x).max())
     from dpopt.mechanisms import make_mechanism
     from dpopt.privacy import Privacy

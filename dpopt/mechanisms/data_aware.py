@@ -382,7 +382,7 @@ class DataAwareMechanism(Mechanism):
         privacy: P(eps2, delta) SVDB(W P) (seed 004 Prop. 4.3, singular values lowered by their round-off bounds;
         under eps-DP too, since sens1(A) >= sens2(A)). It reads the smaller Gram of W P (m x m or k x k), so it
         costs min(m, k)^3, where the stage's exact error costs k^3 (the 2-D dense test)."""
-        WP = sp.csr_matrix(self._W @ expansion(edges, self.workload_.n))
+        WP = self._reduced_matrix(edges)
         m, k = WP.shape
         G = (WP @ WP.T) if m <= k else (WP.T @ WP)
         G = G.toarray() if sp.issparse(G) else np.asarray(G)
@@ -404,11 +404,15 @@ class DataAwareMechanism(Mechanism):
                                  f"(fitted: {sorted(self.families_)})")
         return l1_partition(self.ordered(x), self.bucket_cost(), perturb, self.families_[resolution], self.deviation)
 
+    def _reduced_matrix(self, edges: np.ndarray) -> sp.csr_matrix:
+        """W P (m x k, sparse) from W's stored rows (columns in the partition's order)."""
+        return sp.csr_matrix(self._W @ expansion(edges, self.workload_.n))
+
     def reduced_workload(self, edges: np.ndarray) -> ExplicitWorkload:
         """W P (m x k): the workload on the buckets, each bucket's total spread uniformly over its cells."""
-        WP = self._W @ expansion(edges, self.workload_.n)
+        WP = self._reduced_matrix(edges)
         m, k = WP.shape
-        dense = WP.toarray() if m * k <= 50_000_000 else sp.csr_matrix(WP)
+        dense = WP.toarray() if m * k <= 50_000_000 else WP
         return ExplicitWorkload(dense, name=f"{self.workload_.name} on {k} buckets")
 
     def stage(self, edges: np.ndarray) -> ReducedStage:
